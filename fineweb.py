@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train_gpt2 import (EOT_TOKEN, SHARD_HEADER_INTS, CLIParser, UserError, atomic_write, brief, get_tokenizer, list_shards, run_cli,
-                        write_shard)
+from common import CLIParser, UserError, atomic_write, brief, run_cli
+from train_gpt2 import EOT_TOKEN, SHARD_HEADER_INTS, get_tokenizer, list_shards, write_shard
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_NAME = "sample-10BT"

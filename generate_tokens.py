@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from train_gpt2 import (EOT_TOKEN, CLIParser, UserError, autocast_context, export_hf, newest_checkpoint, get_tokenizer,
-                        gpt2_bpe_files, load_model, pick_device, pick_dtype, run_cli)
+from common import CLIParser, UserError, run_cli
+from train_gpt2 import EOT_TOKEN, autocast_context, export_hf, get_tokenizer, gpt2_bpe_files, load_model, newest_checkpoint, pick_device, pick_dtype
 
 DEFAULT_PROMPT = "Hello, I'm a language model,"
 

@@ -28,8 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from train_gpt2 import (EOT_TOKEN, GPT2_VOCAB_SIZE, CLIParser, UserError, autocast_context, get_tokenizer, load_model, newest_checkpoint, pick_dtype,
-                        run_cli, setup_distributed)
+from common import CLIParser, UserError, run_cli
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
@@ -157,7 +156,7 @@ def render(example, enc, style="nanogpt"):
     else:
         raise UserError(f"--style {style!r}: expected one of {', '.join(STYLES)}")
     if not ctx:  # an empty context: condition on <|endoftext|>, as the harness does
-        ctx = [EOT_TOKEN]
+        ctx = [enc.eot_token]
     return ctx, endings, norms
 
 
@@ -181,14 +180,15 @@ def round_up(n, multiple):
 
 
 @torch.no_grad()
-def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=False):
+def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=False, n_vocab=None):
     """(summed loss, number of tokens scored) of every ending: two (len(rendered), 4) tensors, in the
     order given.
 
     rendered: (ctx, endings, norms) tuples from render(). The examples are sorted by length and run
     batch_size at a time (4 rows each), right-padded to a multiple of pad_multiple; padding only sits
     after the real tokens, so causal attention makes it invisible to them. A row longer than the
-    model's context keeps its last block_size tokens."""
+    model's context keeps its last block_size tokens. n_vocab: score over the tokenizer's tokens only
+    (a padded vocabulary's extra logits are left out)."""
     if pad_multiple is None:  # buckets spare a compiled model its recompiles; eager, every pad token is waste
         pad_multiple = PAD_MULTIPLE if hasattr(model, "_orig_mod") else 1
     block_size = unwrap(model).config.block_size
@@ -222,8 +222,7 @@ def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=Fa
             scored[r, len(tokens) - 1 - k : len(tokens) - 1] = True
         idx, targets, scored = idx.to(device), targets.to(device), scored.to(device)
         logits, _ = model(idx)
-        # only the scored positions, and only the real vocabulary (not the padded rows of 50304)
-        sel = logits[scored][:, :GPT2_VOCAB_SIZE].float()
+        sel = logits[scored][:, :n_vocab].float()  # only the scored positions
         losses = F.cross_entropy(sel, targets[scored], reduction="none")
         row_of_loss = scored.nonzero()[:, 0]
         row_sums = torch.zeros(R, device=losses.device).index_add_(0, row_of_loss, losses)
@@ -231,7 +230,7 @@ def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=Fa
     return sums, counts
 
 
-def evaluate(model, examples, device, rank=0, world_size=1, batch_size=None, style="nanogpt", enc=None, progress=False,
+def evaluate(model, examples, enc, device, rank=0, world_size=1, batch_size=None, style="nanogpt", progress=False,
              pad_multiple=None):
     """HellaSwag accuracy of model on examples: dict(acc, acc_norm, correct, correct_norm, total).
     Under DDP every rank scores examples[rank::world_size] and gets the summed counts. Call it under
@@ -240,13 +239,12 @@ def evaluate(model, examples, device, rank=0, world_size=1, batch_size=None, sty
 
     if batch_size is None:
         batch_size = 32 if str(device).startswith("cuda") else 8
-    enc = enc or get_tokenizer()
     mine = examples[rank::world_size]
     model.eval()
     correct = correct_norm = 0
     if mine:
         rendered = [render(ex, enc, style) for ex in mine]
-        sums, counts = score(model, rendered, device, batch_size, pad_multiple, progress)
+        sums, counts = score(model, rendered, device, batch_size, pad_multiple, progress, enc.n_vocab)
         # nanogpt: the mean over the tokens scored (fewer than rendered only if a row was cropped)
         norms = counts if style == "nanogpt" else torch.tensor([r[2] for r in rendered], dtype=torch.float32)
         labels = torch.tensor([ex["label"] for ex in mine])
@@ -289,6 +287,8 @@ def parse_args(argv=None):
 def main(argv=None):
     import torch.distributed as dist
 
+    from train_gpt2 import autocast_context, get_tokenizer, load_model, newest_checkpoint, pick_dtype, setup_distributed
+
     args = parse_args(argv)
     ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
     master = rank == 0
@@ -306,7 +306,7 @@ def main(argv=None):
                   f"dtype {dtype} | world size {world_size}")
         t0 = time.time()
         with autocast_context(device_type, dtype):
-            result = evaluate(model, examples, device, rank, world_size, args.batch_size, args.style, enc, progress=master)
+            result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style, progress=master)
         if device_type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.time() - t0

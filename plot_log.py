@@ -14,7 +14,7 @@ Right panel: HellaSwag acc_norm, with GPT-2 124M's and GPT-3 124M's.
 import math
 import os
 
-from train_gpt2 import CLIParser, UserError, atomic_write, run_cli
+from common import CLIParser, UserError, atomic_write, run_cli
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanogpt's baseline line)
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it

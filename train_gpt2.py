@@ -21,7 +21,7 @@ import re
 import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -29,31 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class UserError(Exception):
-    """A problem the user can fix (bad flag, missing data, broken file). main() prints it as one line."""
-
-
-def brief(e):
-    """An exception as a short single line, for error messages."""
-    text = str(e).strip().splitlines()
-    text = text[0] if text else ""
-    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
-
-
-def run_cli(main_fn):
-    """Run a script's main(): a UserError becomes one line on stderr and exit code 2, not a traceback."""
-    try:
-        main_fn()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        sys.exit(141)
+from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_file
 
 
 # -----------------------------------------------------------------------------
@@ -410,27 +386,6 @@ SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256  # header: 256 int32 = 1024 bytes, then the tokens as uint16
 
 
-@contextmanager
-def atomic_write(path, mode="wb"):
-    """Write path through a temporary twin: fsynced and renamed over path when the block succeeds,
-    removed when it fails. A crash, Ctrl-C or full disk never leaves a partial file under path, and
-    never harms the file that was there."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
 def write_shard(path, tokens):
     """Write tokens (ints < 65536) as a .bin shard: to a temporary name, fsync, then rename,
     so a crash never leaves a partial shard under the final name. Returns the file's sha256."""
@@ -445,27 +400,6 @@ def write_shard(path, tokens):
             f.write(part)
             digest.update(part)
     return digest.hexdigest()
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_shard(path):
@@ -700,18 +634,6 @@ def peak_flops(device):
 
 # -----------------------------------------------------------------------------
 # Command line
-
-
-class CLIParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr, like every other user error here."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        super().__init__(**kwargs)
-
-    def error(self, message):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def build_parser():
@@ -1061,7 +983,7 @@ def train(args):
                 t_eval = time.time()
                 model.eval()
                 with autocast_context(device_type, dtype):
-                    result = hellaswag.evaluate(eval_model, hellaswag_examples, device, rank=rank, world_size=world_size)
+                    result = hellaswag.evaluate(eval_model, hellaswag_examples, get_tokenizer(), device, rank=rank, world_size=world_size)
                 if master:
                     print(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']}) | {time.time() - t_eval:.1f}s")
                     log(f"{step} hella {result['acc_norm']:.4f}")
@@ -1148,7 +1070,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # hellaswag.py imports train_gpt2: let it find this module, not load a second copy whose
-    # UserError run_cli would not catch
-    sys.modules.setdefault("train_gpt2", sys.modules["__main__"])
     run_cli(main)

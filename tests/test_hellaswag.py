@@ -130,7 +130,7 @@ def test_scores_match_hf_reference_batched_and_one_at_a_time(hf_dir, data, ref):
         assert torch.equal((sums / norms).argmin(1), (want / norms).argmin(1))
     # evaluate's counts
     acc, acc_norm = reference_counts(examples, ref)
-    result = hellaswag.evaluate(model, examples, "cpu", batch_size=64)  # more than the 20 examples: one batch
+    result = hellaswag.evaluate(model, examples, enc, "cpu", batch_size=64)  # more than the 20 examples: one batch
     assert (result["correct"], result["correct_norm"], result["total"]) == (acc, acc_norm, 20)
     assert result["acc"] == acc / 20 and result["acc_norm"] == acc_norm / 20
 
@@ -153,7 +153,7 @@ def test_harness_style_matches_reference(hf_dir, data):
     examples = hellaswag.load_examples(data)[:12]
     ref = reference_losses(hf_dir, examples, style="harness")
     model = train_gpt2.load_model(init_from=hf_dir)
-    result = hellaswag.evaluate(model, examples, "cpu", batch_size=6, style="harness")
+    result = hellaswag.evaluate(model, examples, train_gpt2.get_tokenizer(), "cpu", batch_size=6, style="harness")
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)
     assert hellaswag.harness_preprocess("  A man [title] Cut it. [step] Then  go ") == "A man. Cut it. Then go"
 
@@ -172,7 +172,7 @@ def test_rows_longer_than_the_context_keep_their_end(hf_dir, tmp_path):
     torch.testing.assert_close(sums, torch.tensor([[s for s, _, _ in r] for r in ref]), rtol=1e-4, atol=1e-3)
     assert counts.tolist() == [[float(n) for _, n, _ in r] for r in ref]
     assert any(n < len(e) for (_, ends, _), r in zip(rendered, ref) for e, (_, n, _) in zip(ends, r))  # some ending was cut
-    result = hellaswag.evaluate(model, examples, "cpu", batch_size=4)
+    result = hellaswag.evaluate(model, examples, enc, "cpu", batch_size=4)
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)
 
 
@@ -189,7 +189,7 @@ def test_padded_vocab_is_ignored(hf_dir, data):
     padded.eval()
     enc = train_gpt2.get_tokenizer()
     rendered = [hellaswag.render(ex, enc) for ex in examples]
-    torch.testing.assert_close(hellaswag.score(padded, rendered, "cpu", 4)[0], hellaswag.score(model, rendered, "cpu", 4)[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(hellaswag.score(padded, rendered, "cpu", 4, n_vocab=enc.n_vocab)[0], hellaswag.score(model, rendered, "cpu", 4)[0], rtol=1e-5, atol=1e-4)
 
 
 def test_cli_init_from_hf_dir(hf_dir, data, ref):

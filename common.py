@@ -1,0 +1,100 @@
+"""
+Plumbing every script shares, and nothing else: user errors and the CLI runner, the argument parser,
+atomic file writes. It imports none of the project's scripts (so no script imports another that
+imports it back) and not torch (so plot_log.py starts fast).
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+from contextlib import contextmanager
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad flag, missing data, broken file). run_cli prints it as one line."""
+
+
+def brief(e):
+    """An exception as a short single line, for error messages."""
+    text = str(e).strip().splitlines()
+    text = text[0] if text else ""
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def run_cli(main_fn):
+    """Run a script's main(): a UserError becomes one line on stderr and exit code 2, not a traceback."""
+    try:
+        main_fn()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        sys.exit(141)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default where it says something: not for switches, nor for None."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool) or action.nargs == 0:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class CLIParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr, like every other user error here."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+@contextmanager
+def atomic_write(path, mode="wb"):
+    """Write path through a temporary twin: fsynced and renamed over path when the block succeeds,
+    removed when it fails. A crash, Ctrl-C or full disk never leaves a partial file under path, and
+    never harms the file that was there."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
