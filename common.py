@@ -98,3 +98,17 @@ def sha256_file(path):
         for block in iter(lambda: f.read(1 << 24), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def reachable(url, timeout=3.0):
+    """Whether a TCP connection to url's host opens within timeout seconds: an offline machine is
+    told at once, instead of after a client library's minutes of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    try:
+        socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False

@@ -23,6 +23,7 @@ load_examples() and evaluate() from here.
 import json
 import os
 import re
+import sys
 import time
 
 import torch
@@ -120,6 +121,39 @@ def load_examples(path=None, cache_dir=None):
     if not examples:
         raise UserError(f"{path} holds no HellaSwag examples")
     return examples
+
+
+def examples_for_training(path, limit, rank, world_size, device, asked=True):
+    """The examples the training loop scores, or None to leave HellaSwag off. A file the user gave
+    must load (an error otherwise). The val split: rank 0 downloads it into the cache first, then
+    the others read it; if that fails (offline), HellaSwag is off on every rank alike, or the next
+    collective would hang. Said on stderr when the user asked for HellaSwag, in a note otherwise."""
+    import torch.distributed as dist
+
+    if path:
+        return load_examples(path)[:limit]
+    ddp = world_size > 1 and dist.is_initialized()
+    examples, error = None, None
+    loaded = torch.zeros((), dtype=torch.long, device=device)
+    for turn in ((0,), tuple(range(1, world_size))):
+        if rank in turn:
+            try:
+                examples = load_examples(None)[:limit]
+                loaded += 1
+            except (UserError, OSError) as e:
+                error = e
+        if ddp:
+            dist.barrier()
+    if ddp:
+        dist.all_reduce(loaded, op=dist.ReduceOp.MIN)
+    if loaded.item():
+        return examples
+    if rank == 0:
+        if asked:
+            print(f"HellaSwag is off for this run: {error}", file=sys.stderr)
+        else:
+            print("note: HellaSwag is off (its val split is not cached and cannot be downloaded; --hellaswag_data FILE gives one)")
+    return None
 
 
 # -----------------------------------------------------------------------------

@@ -19,9 +19,10 @@ import math
 import os
 import re
 import signal
+import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_file
+from common import CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file
 
 
 # -----------------------------------------------------------------------------
@@ -57,6 +58,7 @@ MODEL_PRESETS = {
     "d48": dict(n_layer=48, n_head=25, n_embd=1600),  # GPT-2 1558M
 }
 HF_GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
 
 # -----------------------------------------------------------------------------
@@ -205,8 +207,13 @@ class GPT(nn.Module):
                 "nor a local HF model directory"
             )
         try:
-            hf_model = GPT2LMHeadModel.from_pretrained(name_or_dir)
-        except Exception as e:  # offline hub, missing files, a non-GPT-2 directory
+            if os.path.isdir(name_or_dir):
+                hf_model = GPT2LMHeadModel.from_pretrained(name_or_dir)
+            else:
+                hf_model = hub_gpt2(GPT2LMHeadModel, name_or_dir)
+        except UserError:
+            raise
+        except Exception as e:  # missing files, a non-GPT-2 directory
             raise UserError(
                 f"cannot load GPT-2 weights from {name_or_dir!r} ({brief(e)}); "
                 "a hub name needs network access once, or give a local directory saved by save_pretrained"
@@ -260,6 +267,20 @@ class GPT(nn.Module):
                 break
         self.train(was_training)
         return idx
+
+
+def hub_gpt2(model_class, name):
+    """GPT-2 weights from the local HF cache, else from the hub: offline, an error at once."""
+    try:
+        return model_class.from_pretrained(name, local_files_only=True)
+    except OSError:
+        pass
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or not reachable(constants.ENDPOINT):
+        raise UserError(f"--init_from {name}: not in the Hugging Face cache and {constants.ENDPOINT} cannot be reached; "
+                        "connect once to download it, or give a local directory saved by save_pretrained")
+    return model_class.from_pretrained(name)
 
 
 def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -439,37 +460,58 @@ class DataLoaderLite:
     """Batches (x, y) of shape (B, T) read in order from a split's shards. The ranks of a DDP run
     read disjoint, interleaved chunks: rank r takes tokens [base + r·B·T, base + (r+1)·B·T] of
     each stride of B·T·world_size. The state is (shard, base), so a resumed run continues at the
-    same token even with another world size or micro-batch."""
+    same token even with another world size or micro-batch. A shard too short for one stride is
+    skipped (with one warning); a shard holding ids the GPT-2 tokenizer never makes is refused."""
 
-    def __init__(self, data_dir, split, B, T, rank=0, world_size=1):
+    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None):
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
-        self.shards = list_shards(data_dir, split)
-        if not self.shards:
+        found = list_shards(data_dir, split)
+        if not found:
             raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_dir!r}; run `python fineweb.py` "
                             f"(or fineweb.py --input FILE... --output_dir {data_dir}) to make them")
+        need = B * T * world_size + 1
+        sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
+        self.shards = [path for path in found if sizes[path] >= need]
+        short = [path for path in found if sizes[path] < need]
+        if not self.shards:
+            raise UserError(f"no {split} shard in {data_dir} holds one batch of {need} tokens (batch_size*seq_len*world_size+1 = "
+                            f"{B}*{T}*{world_size}+1; the largest holds {max(sizes.values())}); "
+                            "use a smaller --batch_size/--seq_len or bigger shards (fineweb.py --shard_size)")
+        if short and warn:
+            warn(f"skipping {len(short)} {split} shard(s) shorter than one batch of {need} tokens: "
+                 f"{os.path.basename(short[0])} ({sizes[short[0]]} tokens){', ...' if len(short) > 1 else ''}")
+        self.checked = set()  # shards whose token ids were checked
         self.reset()
 
     def _load(self, shard):
         self.shard = shard
         self.tokens = read_shard(self.shards[shard])
-        need = self.B * self.T * self.world_size + 1
-        if len(self.tokens) < need:
-            raise UserError(f"{self.shards[shard]} holds {len(self.tokens)} tokens, fewer than one batch needs "
-                            f"({need} = batch_size*seq_len*world_size+1); use a smaller --batch_size/--seq_len or bigger shards")
+        if shard not in self.checked:
+            top = int(self.tokens.max())
+            if top >= GPT2_VOCAB_SIZE:
+                raise UserError(f"{self.shards[shard]} holds token id {top}, but GPT-2's tokenizer makes ids below {GPT2_VOCAB_SIZE}: "
+                                "it is not a GPT-2 token shard; re-make it with fineweb.py or remove it")
+            self.checked.add(shard)
+
+    def _advance_if_full(self):
+        if self.base + self.B * self.T * self.world_size + 1 > len(self.tokens):  # the next stride would not fit
+            self._load((self.shard + 1) % len(self.shards))
+            self.base = 0
 
     def reset(self):
         self._load(0)
         self.base = 0
 
     def state_dict(self):
-        return {"shard": self.shard, "base": self.base}
+        return {"shard": self.shard, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard])}
 
     def load_state_dict(self, state):
-        self._load(state["shard"] % len(self.shards))
+        names = [os.path.basename(p) for p in self.shards]
+        # by name: which shards are skipped as short depends on the batch, so indices may differ between runs
+        shard = names.index(state["shard_name"]) if state.get("shard_name") in names else state["shard"] % len(self.shards)
+        self._load(shard)
         self.base = state["base"]
-        if self.base + self.B * self.T * self.world_size + 1 > len(self.tokens):
-            self._load((self.shard + 1) % len(self.shards))
-            self.base = 0
+        self._advance_if_full()
 
     def next_batch(self):
         B, T = self.B, self.T
@@ -477,9 +519,7 @@ class DataLoaderLite:
         buf = torch.from_numpy(self.tokens[start : start + B * T + 1].astype(np.int64))
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
         self.base += B * T * self.world_size
-        if self.base + B * T * self.world_size + 1 > len(self.tokens):  # the next stride would not fit
-            self._load((self.shard + 1) % len(self.shards))
-            self.base = 0
+        self._advance_if_full()
         return x, y
 
 
@@ -550,11 +590,20 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
+def config_from_checkpoint(ckpt, path="checkpoint"):
+    config = ckpt["config"]
+    if not (isinstance(config, dict) and set(config) == set(GPTConfig.__dataclass_fields__)
+            and all(type(v) is int and v > 0 for v in config.values()) and config["n_embd"] % config["n_head"] == 0):
+        raise UserError(f"{path}: its config {str(config)[:120]} is not a GPT shape this program can build")
+    return GPTConfig(**config)
+
+
 def model_from_checkpoint(ckpt, path="checkpoint"):
+    config = config_from_checkpoint(ckpt, path)
     try:
-        model = GPT(GPTConfig(**ckpt["config"]))
+        model = GPT(config)
         model.load_state_dict(strip_prefixes(ckpt["model"]))
-    except (TypeError, RuntimeError) as e:
+    except (TypeError, RuntimeError, AttributeError) as e:
         raise UserError(f"{path}: weights do not fit the GPT architecture ({brief(e)})") from None
     return model
 
@@ -635,16 +684,26 @@ def peak_flops(device):
 # -----------------------------------------------------------------------------
 # Command line
 
+# Run settings that suit a preset better than the GPT-2 recipe's (flags still win): `tiny` takes
+# a few minutes on a laptop CPU instead of asking for 0.5M-token steps.
+RUN_PRESETS = {
+    "tiny": dict(batch_size=16, seq_len=256, total_batch_size=4096, max_steps=50, warmup_steps=5, max_lr=1e-2,
+                 eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
+}
+INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
+
 
 def build_parser():
     p = CLIParser(description="Pretrain GPT-2 on token shards (single process, or DDP under torchrun).")
     g = p.add_argument_group("data and output")
     g.add_argument("--data_dir", default="edu_fineweb10B", help="folder of *_train_*.bin / *_val_*.bin shards (fineweb.py writes them)")
     g.add_argument("--log_dir", default="log", help="log.txt and model_<step>.pt checkpoints go here")
+    g.add_argument("--verify_data", action="store_true", help="check the shards against manifest.json's sha256 before training")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS), help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M")
+    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS),
+                   help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; tiny (4x128) also brings laptop-sized run settings")
     g.add_argument("--n_layer", type=int, default=None, help="override the preset's depth")
-    g.add_argument("--n_head", type=int, default=None, help="override the preset's heads")
+    g.add_argument("--n_head", type=int, default=None, help="override the preset's number of heads")
     g.add_argument("--n_embd", type=int, default=None, help="override the preset's width")
     g.add_argument("--init_from", default="scratch", help="scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
     g = p.add_argument_group("batch and schedule")
@@ -652,56 +711,138 @@ def build_parser():
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
     g.add_argument("--total_batch_size", type=int, default=524288, help="tokens per optimizer step; gradient accumulation makes it up")
     g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
-    g.add_argument("--warmup_steps", type=int, default=715)
-    g.add_argument("--max_lr", type=float, default=6e-4)
+    g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
+    g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
-    g.add_argument("--weight_decay", type=float, default=0.1)
+    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
     g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
-    g.add_argument("--val_steps", type=int, default=20, help="batches per validation")
+    g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
     g.add_argument("--hellaswag_every", type=int, default=250, help="HellaSwag accuracy every N steps")
     g.add_argument("--hellaswag_data", default=None, help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
-    g.add_argument("--hellaswag_limit", type=int, default=None, help="score only the first N HellaSwag examples")
+    g.add_argument("--hellaswag_limit", type=int, default=None, help="score only the first N HellaSwag examples (default: all)")
     g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
     g.add_argument("--save_every", type=int, default=5000, help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
     g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
-    g.add_argument("--resume", action="store_true", help="continue from the newest loadable checkpoint in --log_dir (fresh start if none)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --log_dir from its newest loadable checkpoint, with its settings (fresh start if none)")
     g.add_argument("--max_bad_steps", type=int, default=10, help="stop after this many non-finite steps in a row (each is skipped)")
-    g.add_argument("--verify_data", action="store_true", help="check the shards against manifest.json's sha256 before training")
     g = p.add_argument_group("system")
     g.add_argument("--compile", dest="compile", action="store_true", default=None, help="torch.compile the model (default: on for CUDA)")
-    g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
+    g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly (default on cpu/mps)")
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"], help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
+    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation and the samples")
     g.add_argument("--peak_tflops", type=float, default=None, help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     return p
 
 
 _UNSET = object()
+RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size")  # fixed for a run's life
 
 
-def parse_args(argv=None):
-    """Parse the flags; args.explicit is the set of flags given on the command line (resume keeps
-    the checkpoint's value for the others)."""
+def parse_args(argv=None, saved_args=None):
+    """The run's settings. Each flag comes from the command line, else (resuming) the checkpoint's
+    saved arguments, else the --model preset's run settings, else the parser's default.
+    args.explicit is the set of flags given on the command line."""
     parser = build_parser()
     marked = parser.parse_args(argv, namespace=argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != "help"}))
     explicit = {k for k, v in vars(marked).items() if v is not _UNSET}
+    if saved_args is not None:
+        known = {a.dest for a in parser._actions}
+        parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in RUN_LOCAL_ARGS})
+    else:
+        parser.set_defaults(**RUN_PRESETS.get(marked.model if "model" in explicit else parser.get_default("model"), {}))
     args = parser.parse_args(argv)
     args.explicit = explicit
     return args
 
 
+def resume_args(argv, saved_args, master):
+    """Resuming continues the same run: the checkpoint's settings, with what the command line
+    changes printed. The shape and the batch cannot change."""
+    args = parse_args(argv, saved_args)
+    for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
+        if name not in saved_args or getattr(args, name) == saved_args[name]:
+            continue
+        if name in SHAPE_ARGS:
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; "
+                            "drop the flag to resume, or use another --log_dir for a new run")
+        if master:
+            print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")
+    return args
+
+
 def check_args(args):
-    for name in ("batch_size", "seq_len", "total_batch_size", "max_steps", "val_steps"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1")
-    for name in ("warmup_steps", "eval_every", "hellaswag_every", "sample_every", "save_every", "keep_checkpoints", "max_bad_steps"):
-        if getattr(args, name) < 0:
-            raise UserError(f"--{name} must be 0 or more")
-    if args.max_lr <= 0 or not 0 <= args.min_lr_frac <= 1:
-        raise UserError("--max_lr must be > 0 and --min_lr_frac in [0, 1]")
+    """Refuse settings that cannot work before any work is done."""
+    counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
+              "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0, "max_bad_steps": 1}
+    for name in ("n_layer", "n_head", "n_embd", "hellaswag_limit"):
+        if getattr(args, name) is not None:
+            counts[name] = 1
+    for name, low in counts.items():
+        if not low <= getattr(args, name) <= INT_MAX:
+            raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
+    if not 0 <= args.seed < 2**63:
+        raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
+    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "weight_decay": (0, True), "grad_clip": (0, True)}
+    if args.peak_tflops is not None:
+        floats["peak_tflops"] = (0, False)
+    for name, (low, low_ok) in floats.items():
+        value = getattr(args, name)
+        if not math.isfinite(value) or value < low or (value == low and not low_ok):
+            raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
+    if args.min_lr_frac > 1:
+        raise UserError(f"--min_lr_frac {args.min_lr_frac}: must be from 0 to 1")
+
+
+def check_schedule(args, master):
+    if master and args.warmup_steps and args.warmup_steps * 2 >= args.max_steps:
+        print(f"note: --warmup_steps {args.warmup_steps} covers half or more of the {args.max_steps}-step run, "
+              "so the learning rate spends most of it warming up; lower --warmup_steps for a short run")
+
+
+def estimated_bytes(config, B, T, dtype):
+    """A low estimate of the memory one training process needs: fp32 weights, gradients and AdamW's
+    two moments, activations kept for backward (~34 values per layer, token and channel, as in
+    Korthikanti et al. without attention scores, which SDPA does not keep) and the logits with the
+    fp32 copies cross-entropy makes of them."""
+    n_params = config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2
+    act = 2 if dtype in ("bf16", "fp16") else 4
+    return (16 * n_params + config.n_layer * B * T * config.n_embd * 17 * act + B * T * config.vocab_size * (act + 8))
+
+
+def available_memory_bytes():
+    """MemAvailable of this machine (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(config, args, dtype, device_type, local_world_size):
+    """The kernel kills a process that runs out of memory without a word: say it before starting.
+    Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
+    is an error the loop turns into one line.)"""
+    have = available_memory_bytes()
+    if config is None or have is None:
+        return
+    weights = 4 * (config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2)
+    if weights * local_world_size > have:
+        raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process but {have / 2**30:.1f} GiB "
+                        "of memory is available; pick a smaller --model or --n_layer/--n_embd")
+    need = estimated_bytes(config, args.batch_size, args.seq_len, dtype) * local_world_size
+    if device_type == "cpu" and need > have:
+        raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory ({local_world_size} process(es) of batch_size "
+                        f"{args.batch_size} x seq_len {args.seq_len}) but {have / 2**30:.1f} GiB is available; lower --batch_size "
+                        "(gradient accumulation keeps --total_batch_size) or --seq_len, or use --model tiny")
 
 
 # -----------------------------------------------------------------------------
@@ -738,27 +879,41 @@ def all_reduce_mean(value, ddp, world_size):
     return value
 
 
-def build_model(args, ckpt):
-    """Model for this run: from the checkpoint when resuming, else a preset or GPT-2 weights."""
+def console(*parts, **kwargs):
+    """print() for the run's progress that survives a closed stdout (`| tee` ended by Ctrl-C): the
+    run goes on, and checkpoints what it did, instead of dying of a broken pipe."""
+    try:
+        print(*parts, **kwargs, flush=True)
+    except (BrokenPipeError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def run_config(args, ckpt):
+    """The shape of this run's model: the checkpoint's when resuming, else the preset's with the
+    overrides; None for GPT-2 weights (their shape comes with them)."""
     if ckpt is not None:
-        config = GPTConfig(**ckpt["config"])
-        for name in ("n_layer", "n_head", "n_embd"):
-            if name in args.explicit and getattr(args, name) != getattr(config, name):
-                raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {getattr(config, name)}; "
-                                "drop the flag to resume, or use another --log_dir for a new run")
-        return model_from_checkpoint(ckpt)
+        return config_from_checkpoint(ckpt)
     if args.init_from != "scratch":
-        model = GPT.from_pretrained(args.init_from)
-        if args.seq_len > model.config.block_size:
-            raise UserError(f"--seq_len {args.seq_len} exceeds {args.init_from}'s context of {model.config.block_size}")
-        return model
+        return None
     shape = dict(MODEL_PRESETS[args.model])
     for name in ("n_layer", "n_head", "n_embd"):
         if getattr(args, name) is not None:
             shape[name] = getattr(args, name)
     if shape["n_embd"] % shape["n_head"]:
         raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-    return GPT(GPTConfig(block_size=args.seq_len, **shape))
+    return GPTConfig(block_size=args.seq_len, **shape)
+
+
+def build_model(args, ckpt, config):
+    """Model for this run: from the checkpoint when resuming, else the config or GPT-2 weights."""
+    if ckpt is not None:
+        return model_from_checkpoint(ckpt)
+    if config is not None:
+        return GPT(config)
+    model = GPT.from_pretrained(args.init_from)
+    if args.seq_len > model.config.block_size:
+        raise UserError(f"--seq_len {args.seq_len} exceeds {args.init_from}'s context of {model.config.block_size}")
+    return model
 
 
 def verify_shards(data_dir):
@@ -766,13 +921,16 @@ def verify_shards(data_dir):
     path = os.path.join(data_dir, "manifest.json")
     if not os.path.isfile(path):
         raise UserError(f"--verify_data: no manifest.json in {data_dir}; shards written by fineweb.py have one")
-    with open(path) as f:
-        manifest = json.load(f)
-    for shard in manifest.get("shards", []):
-        shard_path = os.path.join(data_dir, shard["name"])
+    try:
+        with open(path) as f:
+            shards = json.load(f)["shards"]
+        entries = [(os.path.join(data_dir, os.path.basename(s["name"])), s["sha256"]) for s in shards]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--verify_data: {path} is not a manifest of fineweb.py ({brief(e)})") from None
+    for shard_path, sha256 in entries:
         if not os.path.isfile(shard_path):
             raise UserError(f"--verify_data: {shard_path} is listed in manifest.json but missing")
-        if sha256_file(shard_path) != shard["sha256"]:
+        if sha256_file(shard_path) != sha256:
             raise UserError(f"--verify_data: {shard_path} does not match its sha256 in manifest.json; re-run fineweb.py")
 
 
@@ -780,21 +938,31 @@ def trim_log(log_file, last_step):
     """Keep the log lines of steps <= last_step (a resumed run appends after them)."""
     if not os.path.isfile(log_file):
         return
-    with open(log_file) as f:
+    with open(log_file, errors="replace") as f:
         lines = f.readlines()
     kept = [ln for ln in lines if ln.split() and ln.split()[0].isdigit() and int(ln.split()[0]) <= last_step]
     with atomic_write(log_file, "w") as f:
         f.writelines(kept)
 
 
+def log_line(log_file, line):
+    try:
+        with open(log_file, "a") as f:
+            f.write(line + "\n")
+    except OSError as e:
+        raise UserError(f"cannot append to {log_file} ({e.strerror or e}); free disk space or pick another --log_dir") from None
+
+
 def resume_checkpoint(log_dir, master):
-    """The newest checkpoint in log_dir that loads, or None when there is none at all."""
+    """(path, checkpoint) of the newest training checkpoint in log_dir that loads, or (None, None)
+    when there is none at all."""
     paths = find_checkpoints(log_dir)
     for path in paths:
         try:
             ckpt = load_checkpoint(path)
-            if "optimizer" not in ckpt or "step" not in ckpt:
-                raise UserError(f"{path}: not a training checkpoint (no optimizer state)")
+            if not (isinstance(ckpt.get("step"), int) and isinstance(ckpt.get("optimizer"), dict) and isinstance(ckpt.get("loader"), dict)
+                    and isinstance(ckpt.get("args", {}), dict)):
+                raise UserError(f"{path}: not a training checkpoint of train_gpt2.py (no step, optimizer or loader state)")
             return path, ckpt
         except UserError as e:
             if master:
@@ -802,6 +970,104 @@ def resume_checkpoint(log_dir, master):
     if paths:
         raise UserError(f"none of the {len(paths)} checkpoints in {log_dir} loads; move them away to start fresh")
     return None, None
+
+
+def prune_checkpoints(log_dir, saved_step, keep):
+    """Keep the checkpoint just saved and the keep-1 newest before it. Checkpoints of later steps
+    (left by an earlier life of the run; maybe unreadable, which is why it resumed from an older
+    one) are not this function's to judge, so the newest loadable checkpoint is never removed."""
+    older = [p for p in find_checkpoints(log_dir) if int(CHECKPOINT_RE.match(os.path.basename(p)).group(1)) < saved_step]
+    for path in older[keep - 1 :]:
+        os.remove(path)
+
+
+def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type):
+    save_checkpoint(path, {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "config": asdict(model.config),
+        "loader": loader_state,
+        "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
+        "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+        "args": {k: v for k, v in vars(args).items() if k != "explicit"},
+    })
+
+
+def restore_run(ckpt, optimizer, scaler, train_loader, device_type):
+    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them."""
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        train_loader.load_state_dict(ckpt["loader"])
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"]["cpu"])
+            if device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        if scaler.is_enabled() and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"the checkpoint's optimizer or loader state does not fit this run ({brief(e)}); "
+                        "it is not a checkpoint of this program's training") from None
+
+
+@torch.no_grad()
+def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
+    """Mean loss over the first `steps` batches of the val split (the same ones every time)."""
+    model.eval()
+    loader.reset()
+    total = torch.zeros((), device=device)
+    for _ in range(steps):
+        x, y = loader.next_batch()
+        with autocast:
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.detach().float() / steps
+    return all_reduce_mean(total, ddp, world_size).item()
+
+
+def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length=32):
+    """The loop's samples: continuations of SAMPLE_PROMPT, as in build-nanogpt."""
+    prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)] * num_samples, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with autocast:
+        out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
+    return [f"sample {i}: {tokenizer.decode([t for t in row if t < GPT2_VOCAB_SIZE])}" for i, row in enumerate(out.tolist())]
+
+
+def accumulate_gradients(model, loader, grad_accum_steps, device, autocast, scaler, ddp):
+    """Forward and backward over grad_accum_steps micro-batches: the gradient of the mean loss over
+    the whole batch. Returns that loss (this process's share)."""
+    loss_accum = torch.zeros((), device=device)
+    for micro_step in range(grad_accum_steps):
+        x, y = loader.next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP all-reduces gradients on the last micro-step only
+        sync = nullcontext() if not ddp or micro_step == grad_accum_steps - 1 else model.no_sync()
+        with sync:
+            with autocast:
+                _, loss = model(x, y)
+            loss = loss / grad_accum_steps
+            loss_accum += loss.detach().float()
+            scaler.scale(loss).backward()
+    return loss_accum
+
+
+def apply_update(model, optimizer, scaler, loss, lr, grad_clip):
+    """Clip, set the learning rate and step, unless the loss or gradient is not finite (then the
+    step is skipped). Returns (grad norm, whether the update was applied)."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    finite = bool(torch.isfinite(loss)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
+    if finite:
+        scaler.step(optimizer)  # with fp16, skips the update itself when gradients overflowed
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, finite
+
+
+def weights_finite(model):
+    return bool(torch.isfinite(torch.stack([p.detach().float().abs().max() for p in model.parameters()])).all())
 
 
 class StopFlag:
@@ -814,74 +1080,59 @@ class StopFlag:
         self.set = True
 
 
-def train(args):
+@contextmanager
+def stop_on_signals():
+    stop = StopFlag()
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def train(args, ckpt=None, ckpt_path=None):
     import torch.distributed as dist
 
-    check_args(args)
     ddp, rank, local_rank, world_size, device = setup_distributed(args.device)
-    master = rank == 0
-    device_type = device.split(":")[0]
+    master, device_type = rank == 0, device.split(":")[0]
     dtype = pick_dtype(args.dtype, device_type)
     if dtype == "fp16" and device_type != "cuda":
         raise UserError("--dtype fp16 trains with a CUDA GradScaler, so it needs a CUDA GPU; use bf16 or fp32")
     use_compile = args.compile if args.compile is not None else device_type == "cuda"
-    old_handlers = {}  # the signal handlers this run replaces, restored when it ends however it ends
+    autocast = autocast_context(device_type, dtype)
+    log_file = os.path.join(args.log_dir, "log.txt")
+    say = console if master else (lambda *a, **k: None)
     try:
-        os.makedirs(args.log_dir, exist_ok=True)
-        log_file = os.path.join(args.log_dir, "log.txt")
-
-        ckpt_path, ckpt = resume_checkpoint(args.log_dir, master) if args.resume else (None, None)
-        if not args.resume and find_checkpoints(args.log_dir):
-            raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
-                            "or choose another --log_dir (nothing was changed)")
-        if ckpt is not None:
-            saved = ckpt.get("args", {})
-            for name in ("total_batch_size", "seq_len"):
-                if name in args.explicit and name in saved and getattr(args, name) != saved[name]:
-                    raise UserError(f"--{name} {getattr(args, name)} differs from the checkpoint's {saved[name]}; "
-                                    "a resumed run keeps it (drop the flag or start a new --log_dir)")
-            # what was not given on this command line is the checkpoint's: batch, schedule, data, precision
-            for name in ("data_dir", "batch_size", "seq_len", "total_batch_size", "warmup_steps", "max_lr", "min_lr_frac",
-                         "weight_decay", "grad_clip", "seed", "dtype", "model", "init_from"):
-                if name not in args.explicit and name in saved:
-                    setattr(args, name, saved[name])
-            dtype = pick_dtype(args.dtype, device_type)
-        elif args.resume and master:
-            print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
-
         torch.manual_seed(args.seed)
         if device_type == "cuda":
             torch.cuda.manual_seed(args.seed)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
-
         B, T = args.batch_size, args.seq_len
-        tokens_per_micro_step = B * T * world_size
-        if args.total_batch_size % tokens_per_micro_step:
+        if args.total_batch_size % (B * T * world_size):
             raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
-                            f"= {B}*{T}*{world_size} = {tokens_per_micro_step}; pick a multiple")
-        grad_accum_steps = args.total_batch_size // tokens_per_micro_step
-
+                            f"= {B}*{T}*{world_size} = {B * T * world_size}; pick a multiple")
+        grad_accum_steps = args.total_batch_size // (B * T * world_size)
         if args.verify_data and master:
             verify_shards(args.data_dir)
-        train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size)
-        val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size) if args.eval_every else None
+        warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
+        train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
+        val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
 
-        raw_model = build_model(args, ckpt)
+        config = run_config(args, ckpt)
+        check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        raw_model = build_model(args, ckpt, config)
         if T > raw_model.config.block_size:
             raise UserError(f"--seq_len {T} exceeds the model's context of {raw_model.config.block_size}")
         raw_model.to(device)
         optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
+        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
         start_step = 0
         if ckpt is not None:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            train_loader.load_state_dict(ckpt["loader"])
-            if "rng" in ckpt:
-                torch.set_rng_state(ckpt["rng"]["cpu"])
-                if device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
-                    torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+            restore_run(ckpt, optimizer, scaler, train_loader, device_type)
             start_step = ckpt["step"] + 1
+            say(f"resuming from {ckpt_path} at step {start_step}")
             if master:
-                print(f"resuming from {ckpt_path} at step {start_step}")
                 trim_log(log_file, ckpt["step"])
         elif master and os.path.exists(log_file):
             os.remove(log_file)  # a fresh run starts a fresh log
@@ -892,181 +1143,145 @@ def train(args):
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
-        scaler = torch.amp.GradScaler("cuda") if dtype == "fp16" else None
-        if ckpt is not None and scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-
         hellaswag_examples = None
         if args.hellaswag_every:
             import hellaswag
 
-            if args.hellaswag_data:  # the user's file: a problem with it is an error, on every rank alike
-                hellaswag_examples = hellaswag.load_examples(args.hellaswag_data)[: args.hellaswag_limit or None]
-            else:
-                # rank 0 downloads into the cache first, then the others read it; a failed download
-                # (offline) turns HellaSwag off on every rank alike, or the next collective would hang
-                loaded = torch.zeros((), dtype=torch.long, device=device)
-                for turn in ((0,), tuple(range(1, world_size))):
-                    if rank in turn:
-                        try:
-                            hellaswag_examples = hellaswag.load_examples(None)[: args.hellaswag_limit or None]
-                            loaded += 1
-                        except (UserError, OSError) as e:
-                            print(f"HellaSwag is off for this run: {e}", file=sys.stderr)
-                    if ddp:
-                        dist.barrier()
-                if ddp:
-                    dist.all_reduce(loaded, op=dist.ReduceOp.MIN)
-                if not loaded.item():
-                    args.hellaswag_every = 0
-        tokenizer = get_tokenizer() if args.sample_every and master else None
+            hellaswag_examples = hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
+                                                                 asked="hellaswag_every" in args.explicit)
+        tokenizer = get_tokenizer() if (args.sample_every or hellaswag_examples) else None
 
         flops_per_token = raw_model.flops_per_token()
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-        if master:
-            print(f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}")
-            print(f"model {raw_model.config} | {raw_model.num_params():,} parameters")
-            print(f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps")
-
-        stop = StopFlag()
-        old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        say(f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}")
+        say(f"model {raw_model.config} | {raw_model.num_params():,} parameters")
+        say(f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps")
+        check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
-        bad_steps = 0
+        bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
 
-        def save(step):
+        def save(step, loader_state):
+            path = checkpoint_path(args.log_dir, step)
             if master:
-                checkpoint = {
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step,
-                    "config": asdict(raw_model.config),
-                    "loader": train_loader.state_dict(),
-                    "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
-                    "scaler": scaler.state_dict() if scaler is not None else {},
-                    "args": {k: v for k, v in vars(args).items() if k != "explicit"},
-                }
-                path = checkpoint_path(args.log_dir, step)
-                save_checkpoint(path, checkpoint)
+                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type)
                 if args.keep_checkpoints:
-                    for old in find_checkpoints(args.log_dir)[args.keep_checkpoints :]:
-                        os.remove(old)
-                print(f"saved {path}")
-            if ddp:
-                dist.barrier()
+                    prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
+                say(f"saved {path}")
+            return path
 
-        def log(line):
-            if master:
-                with open(log_file, "a") as f:
-                    f.write(line + "\n")
+        with stop_on_signals() as stop:
+            for step in range(start_step, args.max_steps):
+                last_step = step == args.max_steps - 1
+                if val_loader is not None and (step % args.eval_every == 0 or last_step):
+                    val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp, world_size)
+                    say(f"step {step:5d} | validation loss {val_loss:.4f}")
+                    if master:
+                        log_line(log_file, f"{step} val {val_loss:.4f}")
+                if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
+                    with autocast:
+                        result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=rank, world_size=world_size)
+                    say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
+                    if master:
+                        log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
+                if master and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
+                    say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
-        for step in range(start_step, args.max_steps):
-            last_step = step == args.max_steps - 1
-
-            if val_loader is not None and (step % args.eval_every == 0 or last_step):
-                t_eval = time.time()
-                model.eval()
-                val_loader.reset()
-                with torch.no_grad():
-                    val_loss = torch.zeros((), device=device)
-                    for _ in range(args.val_steps):
-                        x, y = val_loader.next_batch()
-                        x, y = x.to(device), y.to(device)
-                        with autocast_context(device_type, dtype):
-                            _, loss = eval_model(x, y)
-                        val_loss += loss.detach().float() / args.val_steps
-                val_loss = all_reduce_mean(val_loss, ddp, world_size)
-                if master:
-                    print(f"step {step:5d} | validation loss {val_loss.item():.4f} | {time.time() - t_eval:.1f}s")
-                    log(f"{step} val {val_loss.item():.4f}")
-
-            if args.hellaswag_every and (step % args.hellaswag_every == 0 or last_step):
-                t_eval = time.time()
-                model.eval()
-                with autocast_context(device_type, dtype):
-                    result = hellaswag.evaluate(eval_model, hellaswag_examples, get_tokenizer(), device, rank=rank, world_size=world_size)
-                if master:
-                    print(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']}) | {time.time() - t_eval:.1f}s")
-                    log(f"{step} hella {result['acc_norm']:.4f}")
-
-            if master and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
-                prompt = torch.tensor([tokenizer.encode("Hello, I'm a language model,")] * 4, device=device)
-                gen = torch.Generator(device=device).manual_seed(args.seed + step)
-                with autocast_context(device_type, dtype):
-                    out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
-                for i, row in enumerate(out.tolist()):
-                    print(f"sample {i}: {tokenizer.decode([t for t in row if t < GPT2_VOCAB_SIZE])}")
-
-            # one optimizer step
-            model.train()
-            t0 = time.time()
-            optimizer.zero_grad(set_to_none=True)
-            loss_accum = torch.zeros((), device=device)
-            for micro_step in range(grad_accum_steps):
-                x, y = train_loader.next_batch()
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                # DDP all-reduces gradients on the last micro-step only
-                sync = nullcontext() if not ddp or micro_step == grad_accum_steps - 1 else model.no_sync()
-                with sync:
-                    with autocast_context(device_type, dtype):
-                        _, loss = model(x, y)
-                    loss = loss / grad_accum_steps  # the gradient of the mean over the whole batch
-                    loss_accum += loss.detach().float()
-                    if scaler is not None:
-                        scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-            loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip if args.grad_clip > 0 else float("inf"))
-            lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            finite = bool(torch.isfinite(loss_accum)) and (scaler is not None or bool(torch.isfinite(norm)))
-            if finite:
-                if scaler is not None:
-                    scaler.step(optimizer)  # skips the update itself when fp16 gradients overflowed
-                    scaler.update()
-                else:
-                    optimizer.step()
-                bad_steps = 0
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                bad_steps += 1
-            if device_type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.time() - t0
-            tokens_per_sec = args.total_batch_size / dt
-            if master:
+                model.train()
+                t0 = time.time()
+                loader_state = train_loader.state_dict()
+                try:
+                    loss = accumulate_gradients(model, train_loader, grad_accum_steps, device, autocast, scaler, ddp)
+                except BaseException as e:  # the weights are still those after the last step: keep that progress
+                    if master and step > start_step and not (args.save_every and step % args.save_every == 0):
+                        say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; --resume continues from there")
+                    if isinstance(e, torch.OutOfMemoryError):
+                        raise UserError(f"out of GPU memory at batch_size {B} x seq_len {T}; lower --batch_size "
+                                        "(gradient accumulation keeps --total_batch_size)") from None
+                    raise
+                loss = all_reduce_mean(loss, ddp, world_size)
+                lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
+                norm, finite = apply_update(raw_model, optimizer, scaler, loss, lr, args.grad_clip)
+                bad_steps = 0 if finite else bad_steps + 1
+                if finite and not weights_finite(raw_model):
+                    last_good = find_checkpoints(args.log_dir)
+                    raise UserError(f"the update of step {step} made the weights non-finite (nothing was saved after it); "
+                                    f"last good checkpoint: {last_good[0] if last_good else 'none'}; lower --max_lr")
+                if device_type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.time() - t0
+                step_times.append(dt)
+                tokens_per_sec = args.total_batch_size / dt
                 mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
-                skipped = "" if finite else " | SKIPPED (non-finite loss or grad norm)"
-                print(f"step {step:5d} | loss {loss_accum.item():.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
-                      f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu}{skipped}")
-                log(f"{step} train {loss_accum.item():.6f}" + ("" if finite else " skipped"))
-            if bad_steps >= max(1, args.max_bad_steps):
-                last_good = find_checkpoints(args.log_dir)
-                raise UserError(f"{bad_steps} non-finite steps in a row at step {step}; the weights were not updated by them. "
-                                f"Last good checkpoint: {last_good[0] if last_good else 'none'}; lower --max_lr or check the data")
-
-            stop_now = torch.tensor(int(stop.set), device=device)
-            if ddp:  # every rank leaves at the same step
-                dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
-            if last_step or (args.save_every and (step + 1) % args.save_every == 0) or stop_now.item():
-                save(step)
-            if stop_now.item():
+                eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
+                say(f"step {step:5d}/{args.max_steps} | loss {loss.item():.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
+                    f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
+                    + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
                 if master:
-                    print(f"stopped by signal after step {step}; `--resume` continues from {checkpoint_path(args.log_dir, step)}")
-                break
+                    log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
+                if bad_steps >= args.max_bad_steps:
+                    last_good = find_checkpoints(args.log_dir)
+                    raise UserError(f"{bad_steps} non-finite steps in a row at step {step}; the weights were not updated by them. "
+                                    f"Last good checkpoint: {last_good[0] if last_good else 'none'}; lower --max_lr or check the data")
+
+                stop_now = torch.tensor(int(stop.set), device=device)
+                if ddp:  # every rank leaves at the same step
+                    dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
+                if last_step or (args.save_every and (step + 1) % args.save_every == 0) or stop_now.item():
+                    save(step, train_loader.state_dict())
+                    if ddp:
+                        dist.barrier()
+                if stop_now.item():
+                    say(f"stopped by signal after step {step}; `--resume` continues from {checkpoint_path(args.log_dir, step)}")
+                    break
+        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
     finally:
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
 
 
+def format_seconds(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall):
+    """One line at the end of a run: the median step time after warm-up (the first steps compile
+    and fill caches), tokens/s, MFU, peak GPU memory, the last val loss and the wall time."""
+    timed = step_times[min(len(step_times) // 5, 10):] or step_times
+    if not timed:
+        return "summary: no steps run"
+    ms = 1000 * statistics.median(timed)
+    tok_s = tokens_per_step / (ms / 1000)
+    parts = [f"summary: {len(step_times)} steps", f"median {ms:.1f} ms/step over the last {len(timed)}", f"{tok_s:,.0f} tok/s"]
+    if peak:
+        parts.append(f"mfu {100 * flops_per_token * tok_s / peak:.1f}%")
+    if device_type == "cuda":
+        parts.append(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    if val_loss is not None:
+        parts.append(f"val loss {val_loss:.4f}")
+    parts.append(f"wall {format_seconds(wall)}")
+    return " | ".join(parts)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    train(args)
+    master = int(os.environ.get("RANK", 0)) == 0
+    ckpt_path, ckpt = None, None
+    if args.resume:
+        ckpt_path, ckpt = resume_checkpoint(args.log_dir, master)
+        if ckpt is not None:
+            args = resume_args(argv, ckpt.get("args", {}), master)
+        elif master:
+            print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
+    elif find_checkpoints(args.log_dir):
+        raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
+                        "or choose another --log_dir (nothing was changed)")
+    check_args(args)
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); pick another folder") from None
+    train(args, ckpt, ckpt_path)
 
 
 if __name__ == "__main__":

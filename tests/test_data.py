@@ -5,6 +5,7 @@ import math
 import os
 
 import numpy as np
+import torch
 import pytest
 
 import train_gpt2
@@ -113,8 +114,36 @@ def test_no_shards_and_too_small_shards(tmp_path):
     with pytest.raises(UserError, match="fineweb.py"):
         DataLoaderLite(str(tmp_path / "missing"), "train", 2, 8)
     write_shard(str(tmp_path / "t_train_000001.bin"), np.arange(10))
-    with pytest.raises(UserError, match="fewer than one batch"):
+    with pytest.raises(UserError, match="no train shard .* holds one batch of 17 tokens"):
         DataLoaderLite(str(tmp_path), "train", 2, 8)
+
+
+def test_a_short_shard_is_skipped_with_one_warning(tmp_path):
+    """fineweb.py's last shard is often shorter than a batch: it is left out, and the loader reads the
+    other shards' tokens exactly as if it were not there."""
+    long_a, short, long_b = np.arange(100, 200), np.arange(1000, 1010), np.arange(300, 400)
+    for i, tokens in enumerate((long_a, short, long_b), 1):
+        write_shard(str(tmp_path / f"t_train_{i:06d}.bin"), tokens)
+    warnings = []
+    loader = DataLoaderLite(str(tmp_path), "train", 2, 8, warn=warnings.append)
+    assert len(warnings) == 1 and "t_train_000002.bin (10 tokens)" in warnings[0]
+    seen = [loader.next_batch()[0] for _ in range(12)]  # 5 strides of 17 per 100-token shard, then wrap
+    want = np.concatenate([long_a[16 * k : 16 * k + 16] for k in range(6)] + [long_b[16 * k : 16 * k + 16] for k in range(6)])
+    assert np.array_equal(torch.cat([x.flatten() for x in seen]).numpy(), want)
+    # a state saved with other batch shapes names its shard: resume finds it whatever was skipped
+    state = loader.state_dict()
+    other = DataLoaderLite(str(tmp_path), "train", 2, 8)
+    other.load_state_dict(state)
+    assert torch.equal(other.next_batch()[0], loader.next_batch()[0])
+
+
+def test_a_shard_with_foreign_token_ids_is_named(tmp_path):
+    write_shard(str(tmp_path / "t_train_000001.bin"), np.arange(100))
+    write_shard(str(tmp_path / "t_train_000002.bin"), np.full(100, 50260))  # below 50304, but no GPT-2 token
+    loader = DataLoaderLite(str(tmp_path), "train", 2, 8)
+    with pytest.raises(UserError, match="t_train_000002.bin holds token id 50260"):
+        for _ in range(10):
+            loader.next_batch()
 
 
 def test_lr_schedule_end_points():

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -72,7 +71,7 @@ def test_resume_refuses_a_conflicting_shape_and_batch(shards, tmp_path):
     before = sorted(os.listdir(log_dir)), log_text(log_dir)
     with pytest.raises(train_gpt2.UserError, match="--n_layer 3 conflicts"):
         train(shards, log_dir, "--max_steps", "4", "--resume", "--n_layer", "3")
-    with pytest.raises(train_gpt2.UserError, match="--total_batch_size 512 differs"):
+    with pytest.raises(train_gpt2.UserError, match="--total_batch_size 512 conflicts"):
         train(shards, log_dir, "--max_steps", "4", "--resume", "--total_batch_size", "512")
     with pytest.raises(train_gpt2.UserError, match="already holds checkpoints"):
         train(shards, log_dir, "--max_steps", "4")  # a fresh run would overwrite them
@@ -113,7 +112,7 @@ def test_signal_checkpoints_and_exits_cleanly(shards, tmp_path, sig):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     for line in proc.stdout:  # wait until training is under way
-        if line.startswith("step     2 |"):
+        if line.startswith("step     2/"):
             break
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
@@ -133,9 +132,9 @@ sys.path.insert(0, {root!r})
 import train_gpt2
 path, kind = sys.argv[1], sys.argv[2]
 i = 0
-print("ready", flush=True)
 while True:
     i += 1
+    print("writing", i, flush=True)  # the test kills after reading this: the write of version i has begun
     if kind == "checkpoint":
         train_gpt2.save_checkpoint(path, {{"model": {{"w": torch.full((4_000_000,), float(i))}}, "config": {{}}, "step": i}})
     else:
@@ -145,25 +144,25 @@ while True:
 
 @pytest.mark.parametrize("kind", ["checkpoint", "shard"])
 def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
+    """SIGKILL while version k is being written (k-1 versions complete): the file under the final
+    name is one whole earlier version, never a mix or a truncation."""
     script = tmp_path / "writer.py"
     script.write_text(KILL_WRITER.format(root=ROOT))
     path = str(tmp_path / ("model_00001.pt" if kind == "checkpoint" else "t_train_000001.bin"))
-    for delay in (0.3, 0.7, 1.3):
+    for k in (2, 3, 5):
         proc = subprocess.Popen([sys.executable, str(script), path, kind], stdout=subprocess.PIPE, text=True)
-        proc.stdout.readline()
-        time.sleep(delay)
+        while proc.stdout.readline().split() != ["writing", str(k)]:
+            pass
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        if not os.path.exists(path):
-            continue  # killed before the first rename: no file under the final name, which is also safe
+        proc.stdout.close()
         if kind == "checkpoint":
             ckpt = train_gpt2.load_checkpoint(path)
             w = ckpt["model"]["w"]
-            assert torch.all(w == float(ckpt["step"]))  # one whole version, not a mix
+            assert 1 <= ckpt["step"] < k and torch.all(w == float(ckpt["step"]))  # one whole version, not a mix
         else:
             tokens = train_gpt2.read_shard(path)
-            assert len(tokens) == 4_000_000 and np.all(tokens == tokens[0])
-    assert os.path.exists(path)
+            assert len(tokens) == 4_000_000 and np.all(tokens == tokens[0]) and 1 <= tokens[0] < k
 
 
 def test_keep_checkpoints(shards, tmp_path):
@@ -313,7 +312,7 @@ def test_sigterm_to_torchrun_checkpoints_on_all_ranks_agreement(shards, tmp_path
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     for line in proc.stdout:
-        if line.startswith("step     2 |"):
+        if line.startswith("step     2/"):
             break
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
