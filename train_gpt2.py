@@ -687,7 +687,7 @@ def peak_flops(device):
 # Run settings that suit a preset better than the GPT-2 recipe's (flags still win): `tiny` takes
 # a few minutes on a laptop CPU instead of asking for 0.5M-token steps.
 RUN_PRESETS = {
-    "tiny": dict(batch_size=16, seq_len=256, total_batch_size=4096, max_steps=50, warmup_steps=5, max_lr=1e-2,
+    "tiny": dict(batch_size=8, seq_len=256, total_batch_size=4096, max_steps=50, warmup_steps=5, max_lr=1e-2,
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
@@ -1113,14 +1113,14 @@ def train(args, ckpt=None, ckpt_path=None):
             raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
                             f"= {B}*{T}*{world_size} = {B * T * world_size}; pick a multiple")
         grad_accum_steps = args.total_batch_size // (B * T * world_size)
+        config = run_config(args, ckpt)
+        check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if args.verify_data and master:
             verify_shards(args.data_dir)
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
         train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
         val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
 
-        config = run_config(args, ckpt)
-        check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         raw_model = build_model(args, ckpt, config)
         if T > raw_model.config.block_size:
             raise UserError(f"--seq_len {T} exceeds the model's context of {raw_model.config.block_size}")

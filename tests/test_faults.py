@@ -1,0 +1,234 @@
+"""Faults a user can cause in train_gpt2.py, each reproduced: bad flags of every kind, checkpoints that
+load but are not ours, short and foreign shards, pruning next to a broken checkpoint, a closed
+stdout, a bare --resume, an offline --init_from. Each ends in one clear line (or a warning) and
+loses nothing already written.
+
+    python -m pytest -q tests/test_faults.py
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train_gpt2
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
+
+HUGE = str(2**63)
+# flag -> values that must be refused before any work
+BAD_VALUES = {
+    **{f: ["0", "-1", HUGE, "nan", "x", ""] for f in ("--batch_size", "--seq_len", "--total_batch_size", "--max_steps", "--val_steps",
+                                                     "--max_bad_steps", "--n_layer", "--n_head", "--n_embd", "--hellaswag_limit")},
+    **{f: ["-1", HUGE, "1.5", "x", ""] for f in ("--warmup_steps", "--eval_every", "--hellaswag_every", "--sample_every", "--save_every",
+                                                 "--keep_checkpoints")},
+    "--seed": ["-1", str(2**64), "x"],
+    **{f: ["0", "-1", "nan", "inf", "-inf", "1e400", "x", ""] for f in ("--max_lr", "--peak_tflops")},
+    **{f: ["-1", "nan", "inf", "x"] for f in ("--weight_decay", "--grad_clip")},
+    "--min_lr_frac": ["-0.1", "1.5", "nan", "inf"],
+    "--model": ["d13", ""],
+    "--dtype": ["fp8", ""],
+    "--device": ["tpu", "cuda:x", ""] + ([] if torch.cuda.is_available() else ["cuda"]),
+    "--init_from": ["not-a-model", "/nonexistent/dir"],
+    "--data_dir": ["/nonexistent/data"],
+    "--hellaswag_data": ["/nonexistent/hs.jsonl"],
+}
+CASES = [(flag, value) for flag, values in BAD_VALUES.items() for value in values]
+
+
+def run_main(argv):
+    """train_gpt2.main in this process: the one-line outcome (UserError text or argparse's exit)."""
+    try:
+        train_gpt2.main(argv)
+    except train_gpt2.UserError as e:
+        return str(e)
+    except SystemExit as e:
+        assert e.code == 2
+        return "argparse"
+    raise AssertionError(f"{argv} was accepted")
+
+
+@pytest.mark.parametrize("flag,value", CASES, ids=[f"{f}={v}" for f, v in CASES])
+def test_every_flag_refuses_bad_values_before_any_work(shards, tmp_path, flag, value, capsys):
+    log_dir = tmp_path / "log"
+    extra = ["--hellaswag_every", "1"] if flag in ("--hellaswag_data", "--hellaswag_limit") else []
+    message = run_main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "2", *extra, flag, value])
+    if message == "argparse":
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and flag.lstrip("-") in err[0], err
+    assert not log_dir.exists() or not os.listdir(log_dir)  # nothing written
+
+
+def test_bad_values_end_to_end_one_line_no_traceback(shards, tmp_path):
+    for flag, value in (("--max_lr", "nan"), ("--weight_decay", "nan"), ("--grad_clip", "-1"), ("--batch_size", HUGE)):
+        result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), flag, value])
+        assert_one_line_error(result, flag)
+        assert not (tmp_path / "log").exists()
+
+
+def test_output_paths_the_system_refuses(shards, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    for log_dir in (str(a_file), str(a_file / "sub"), "/proc/no_such_dir/log"):
+        result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "1"])
+        assert_one_line_error(result, "--log_dir")
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", str(a_file), "--log_dir", str(tmp_path / "log"), "--max_steps", "1"])
+    assert_one_line_error(result, "fineweb.py")
+    assert a_file.read_text() == "mine"
+
+
+def train(data, log_dir, *extra):
+    return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
+
+
+@pytest.mark.parametrize("content", [[1, 2, 3], {"model": {}, "config": {"n_layer": 2}}, {"model": {}, "config": [1]},
+                                     {"model": [], "config": {"block_size": 32, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 3}}])
+def test_checkpoints_that_load_but_are_not_ours(tmp_path, content):
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    torch.save(content, str(log_dir / "model_00005.pt"))
+    with pytest.raises(train_gpt2.UserError, match="none of the 1 checkpoints"):
+        train(make_shards(str(tmp_path / "data")), str(log_dir), "--max_steps", "8", "--resume")
+    hs = tmp_path / "hs.jsonl"
+    hs.write_text('{"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}\n')
+    for cmd in (["generate_tokens.py"], ["hellaswag.py", "--data", str(hs)]):
+        assert_one_line_error(run_script([*cmd, "--checkpoint", str(log_dir / "model_00005.pt"), "--device", "cpu"]), "model_00005.pt")
+
+
+def test_a_checkpoint_with_a_foreign_optimizer_layout(shards, tmp_path):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
+    path = os.path.join(log_dir, "model_00001.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:1]  # one group where we have two
+    torch.save(ckpt, path)
+    with pytest.raises(train_gpt2.UserError, match="optimizer or loader state does not fit"):
+        train(shards, log_dir, "--max_steps", "4", "--resume")
+
+
+def test_pruning_never_removes_the_newest_loadable_checkpoint(shards, tmp_path):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "12", "--eval_every", "0", "--save_every", "4")
+    broken = os.path.join(log_dir, "model_00011.pt")
+    with open(broken, "r+b") as f:
+        f.truncate(os.path.getsize(broken) // 2)
+    train(shards, log_dir, "--max_steps", "10", "--eval_every", "0", "--resume", "--keep_checkpoints", "1")
+    names = sorted(n for n in os.listdir(log_dir) if n.endswith(".pt"))
+    assert names == ["model_00009.pt", "model_00011.pt"]  # 00003 and 00007 pruned; the new 00009 kept
+    train(shards, log_dir, "--max_steps", "11", "--eval_every", "0", "--resume")  # and the next resume works
+    assert max(read_log(log_dir)["train"]) == 10
+
+
+def test_resume_refuses_another_model_preset(shards, tmp_path):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
+    with pytest.raises(train_gpt2.UserError, match="--model d12 conflicts with the checkpoint's tiny"):
+        train_gpt2.main(["--log_dir", log_dir, "--resume", "--model", "d12"])
+
+
+def test_a_bare_resume_continues_the_same_run(shards, tmp_path):
+    """`--resume` alone takes every setting from the checkpoint, the run length and schedule included."""
+    run = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "8", "--eval_every", "3", "--save_every", "4", "--max_lr", "5e-3"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    train_gpt2.main([*run, "--log_dir", straight])
+    train_gpt2.main([*run, "--log_dir", resumed, "--max_steps", "8"])
+    os.remove(os.path.join(resumed, "model_00007.pt"))
+    train_gpt2.main(["--log_dir", resumed, "--resume"])
+    with open(os.path.join(straight, "log.txt")) as a, open(os.path.join(resumed, "log.txt")) as b:
+        assert a.read() == b.read()
+
+
+def test_a_changed_flag_on_resume_is_reported(shards, tmp_path, capsys):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
+    train_gpt2.main(["--log_dir", log_dir, "--resume", "--max_steps", "3"])
+    assert "--max_steps changes from 2 to 3" in capsys.readouterr().out
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
+
+
+def test_short_last_shard_is_skipped_with_a_warning(tmp_path, capsys):
+    data = make_shards(str(tmp_path / "data"), train_tokens=(2000, 100))  # fineweb's short tail shard: < 4*32+1
+    train(data, str(tmp_path / "log"), "--max_steps", "12", "--eval_every", "0", "--save_every", "0")
+    err = capsys.readouterr().err
+    assert "skipping 1 train shard" in err and "(100 tokens)" in err
+    assert sorted(read_log(str(tmp_path / "log"))["train"]) == list(range(12))
+
+
+def test_a_foreign_shard_mid_run_stops_with_one_line_and_keeps_the_progress(tmp_path):
+    data = make_shards(str(tmp_path / "data"), train_tokens=(2000,))
+    train_gpt2.write_shard(os.path.join(data, "test_train_000002.bin"), np.full(2000, 50300))  # reached at step 7
+    log_dir = str(tmp_path / "log")
+    cmd = ["train_gpt2.py", *TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--max_steps", "20", "--eval_every", "0",
+           "--save_every", "0"]
+    result = run_script(cmd)
+    assert_one_line_error(result, "test_train_000002.bin holds token id 50300")
+    saved = train_gpt2.find_checkpoints(log_dir)
+    assert len(saved) == 1 and "saved" in result.stdout
+    step = train_gpt2.load_checkpoint(saved[0])["step"]
+    assert step >= 5 and sorted(read_log(log_dir)["train"]) == list(range(step + 1))
+
+
+def test_ctrl_c_with_a_closed_stdout_still_checkpoints(shards, tmp_path):
+    """`train_gpt2.py ... | tee run.log`, Ctrl-C: tee dies with the signal too, so stdout is a broken pipe."""
+    log_dir = str(tmp_path / "log")
+    cmd = [sys.executable, "train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "100000",
+           "--eval_every", "0", "--save_every", "0"]
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+        for line in proc.stdout:
+            if line.startswith("step     2/"):
+                break
+        proc.stdout.close()  # the reader is gone
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    step = train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])["step"]
+    assert step >= 2 and max(read_log(log_dir)["train"]) == step
+    assert "Traceback" not in (tmp_path / "err.txt").read_text()
+
+
+def test_a_run_that_cannot_fit_in_memory_says_so_first(shards, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_gpt2, "available_memory_bytes", lambda: 8 * 2**30)
+    with pytest.raises(train_gpt2.UserError, match=r"needs at least .* GiB .* lower --batch_size"):
+        train_gpt2.main(["--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--device", "cpu", "--hellaswag_every", "0"])
+    with pytest.raises(train_gpt2.UserError, match="weights alone need"):
+        train(shards, str(tmp_path / "log"), "--n_layer", "1000", "--n_embd", "8192", "--n_head", "64")
+
+
+def test_the_tiny_preset_fits_a_laptop_and_flags_still_win():
+    args = train_gpt2.parse_args(["--model", "tiny"])
+    config = train_gpt2.run_config(args, None)
+    assert train_gpt2.estimated_bytes(config, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
+    assert args.total_batch_size // (args.batch_size * args.seq_len) <= 4  # a step is a few micro-batches, not 128
+    assert train_gpt2.parse_args(["--model", "tiny", "--batch_size", "3"]).batch_size == 3
+    assert train_gpt2.parse_args([]).total_batch_size == 524288  # the GPT-2 recipe stays the default
+
+
+def test_warmup_longer_than_the_run_is_noted(shards, tmp_path, capsys):
+    train(shards, str(tmp_path / "log"), "--max_steps", "3", "--warmup_steps", "715", "--eval_every", "0")
+    assert "--warmup_steps 715 covers" in capsys.readouterr().out
+
+
+def test_help_gives_every_flag_a_text_and_one_default():
+    help_text = run_script(["train_gpt2.py", "--help"]).stdout
+    parser = train_gpt2.build_parser()
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        flag = action.option_strings[0]
+        entry = re.split(rf"\n  {flag}\b", help_text.split("options:", 1)[1], maxsplit=1)[1].split("\n  --", 1)[0]
+        assert entry.count("(default") <= 1, entry
+        if action.default is not None and not isinstance(action.default, bool):
+            assert f"(default: {action.default})" in " ".join(entry.split()), entry
+
+
+def test_init_from_a_hub_name_offline_fails_at_once(shards, tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--init_from", "gpt2"],
+                        env=env)
+    assert_one_line_error(result, "--init_from gpt2", "not in the Hugging Face cache")
