@@ -1109,10 +1109,7 @@ def train(args, ckpt=None, ckpt_path=None):
             torch.cuda.manual_seed(args.seed)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
         B, T = args.batch_size, args.seq_len
-        if args.total_batch_size % (B * T * world_size):
-            raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
-                            f"= {B}*{T}*{world_size} = {B * T * world_size}; pick a multiple")
-        grad_accum_steps = args.total_batch_size // (B * T * world_size)
+        grad_accum_steps = accumulation_steps(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if args.verify_data and master:
@@ -1137,12 +1134,7 @@ def train(args, ckpt=None, ckpt_path=None):
         elif master and os.path.exists(log_file):
             os.remove(log_file)  # a fresh run starts a fresh log
 
-        model = torch.compile(raw_model) if use_compile else raw_model
-        eval_model = model  # compiled, without the DDP wrapper: for validation and HellaSwag
-        if ddp:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+        model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank)
         hellaswag_examples = None
         if args.hellaswag_every:
             import hellaswag
@@ -1201,42 +1193,80 @@ def train(args, ckpt=None, ckpt_path=None):
                 loss = all_reduce_mean(loss, ddp, world_size)
                 lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
                 norm, finite = apply_update(raw_model, optimizer, scaler, loss, lr, args.grad_clip)
-                bad_steps = 0 if finite else bad_steps + 1
-                if finite and not weights_finite(raw_model):
-                    last_good = find_checkpoints(args.log_dir)
-                    raise UserError(f"the update of step {step} made the weights non-finite (nothing was saved after it); "
-                                    f"last good checkpoint: {last_good[0] if last_good else 'none'}; lower --max_lr")
                 if device_type == "cuda":
                     torch.cuda.synchronize()
-                dt = time.time() - t0
-                step_times.append(dt)
-                tokens_per_sec = args.total_batch_size / dt
-                mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
+                step_times.append(time.time() - t0)
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
-                say(f"step {step:5d}/{args.max_steps} | loss {loss.item():.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
-                    f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
-                    + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
+                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite))
                 if master:
                     log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
-                if bad_steps >= args.max_bad_steps:
-                    last_good = find_checkpoints(args.log_dir)
-                    raise UserError(f"{bad_steps} non-finite steps in a row at step {step}; the weights were not updated by them. "
-                                    f"Last good checkpoint: {last_good[0] if last_good else 'none'}; lower --max_lr or check the data")
+                bad_steps = 0 if finite else bad_steps + 1
+                check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
-                stop_now = torch.tensor(int(stop.set), device=device)
-                if ddp:  # every rank leaves at the same step
-                    dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
-                if last_step or (args.save_every and (step + 1) % args.save_every == 0) or stop_now.item():
+                stop_now = stop_requested(stop, device, ddp)
+                if last_step or (args.save_every and (step + 1) % args.save_every == 0) or stop_now:
                     save(step, train_loader.state_dict())
                     if ddp:
                         dist.barrier()
-                if stop_now.item():
+                if stop_now:
                     say(f"stopped by signal after step {step}; `--resume` continues from {checkpoint_path(args.log_dir, step)}")
                     break
         say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
     finally:
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def accumulation_steps(args, world_size):
+    """Micro-batches per optimizer step on each process."""
+    per_micro_step = args.batch_size * args.seq_len * world_size
+    if args.total_batch_size % per_micro_step:
+        raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
+                        f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; pick a multiple")
+    return args.total_batch_size // per_micro_step
+
+
+def wrap_model(raw_model, use_compile, ddp, device_type, local_rank):
+    """(model to train, model to evaluate): compiled, and for training wrapped in DDP."""
+    model = torch.compile(raw_model) if use_compile else raw_model
+    eval_model = model  # compiled, without the DDP wrapper: validation and HellaSwag run on every rank alone
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    return model, eval_model
+
+
+def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite):
+    tokens_per_sec = args.total_batch_size / dt
+    mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
+    return (f"step {step:5d}/{args.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} | dt {dt * 1000:.2f}ms | "
+            f"tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
+            + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
+
+
+def check_health(step, bad_steps, args, weights_broken):
+    """Stop, naming the last good checkpoint, when an update broke the weights or too many steps
+    in a row were skipped as non-finite."""
+    if not weights_broken and bad_steps < args.max_bad_steps:
+        return
+    last_good = find_checkpoints(args.log_dir)
+    last_good = last_good[0] if last_good else "none"
+    if weights_broken:
+        raise UserError(f"the update of step {step} made the weights non-finite (nothing was saved after it); "
+                        f"last good checkpoint: {last_good}; lower --max_lr")
+    raise UserError(f"{bad_steps} non-finite steps in a row at step {step}; the weights were not updated by them. "
+                    f"Last good checkpoint: {last_good}; lower --max_lr or check the data")
+
+
+def stop_requested(stop, device, ddp):
+    """Whether a signal asked to stop, on any rank: every rank leaves at the same step."""
+    stop_now = torch.tensor(int(stop.set), device=device)
+    if ddp:
+        import torch.distributed as dist
+
+        dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
+    return bool(stop_now.item())
 
 
 def format_seconds(seconds):
