@@ -63,8 +63,9 @@ def rounding_error_bounds(x, w, t, u_lowp=0.0, u_logits=None):
     exactly representable in the low-precision format, which leaves only fp32 error in the loss.
     First-order rounding-error analysis (Higham, Accuracy and Stability, ch. 3), u = 2^-24:
       logits      |dz_ij| <= (3 u_logits + gamma_C) (|x||w|^T)_ij,          D_i = max_j |dz_ij|
-      logsumexp   |dlse_i| <= D_i + r_i, r_i = 2u max_j|z_ij| + gamma_{V+1} + u (log V + |lse_i|)
-                  (the shift by the max, V positive terms summed, the log, the shift back)
+      logsumexp   |dlse_i| <= D_i + r_i, r_i = 2u max_j|z_ij| + gamma_{V+1} + u (log V + |lse_i|) + 8u
+                  (the shift by the max, V positive terms summed, the log, the shift back; 8u:
+                  exp and log of a few ulp, as CUDA's expf/logf)
       loss        |dL| <= (sum_i 2 D_i + r_i + u|l_i|  +  gamma_N sum_i |l_i|) / n  +  u |L|
       softmax     p = exp(z - lse): |dp_ij| <= p_ij expm1(2 D_i + r_i + u|z_ij - lse_i| + 8u)
                   (8u: exp, the 1/n scaling and the subtraction of the one-hot, a few ulp each)
@@ -91,7 +92,7 @@ def rounding_error_bounds(x, w, t, u_lowp=0.0, u_logits=None):
     loss, gx, gw = ell.sum() / n, dl @ w / n, dl.T @ x / n
     ax, aw, adl = x.abs(), w.abs(), dl.abs()
     D = ((3 * u_logits + gamma(c)) * (ax @ aw.T)).max(1).values
-    r = 2 * u * z.abs().max(1).values + gamma(v + 1) + u * (math.log(v) + lse.abs())
+    r = 2 * u * z.abs().max(1).values + gamma(v + 1) + u * (math.log(v) + lse.abs()) + 8 * u
     b_loss = (torch.where(valid, 2 * D + r + u * ell.abs(), 0).sum() + gamma(n_rows) * ell.abs().sum()) / n + u * loss.abs()
     a = 2 * D[:, None] + r[:, None] + u * (z - lse[:, None]).abs() + 8 * u
     b_dl = p * torch.expm1(a) + (u + u_lowp) * adl + TINY32
@@ -314,6 +315,30 @@ def test_gpt_logits_without_targets_and_eval_loss():
     model.loss_impl = "fused"
     with pytest.raises(ValueError, match="loss_impl"):
         model(idx, targets)
+
+
+def test_gpt_chunked_under_ddp(tmp_path):
+    # one gloo process: DDP's reducer must see the tied weight's gradient from the autograd.Function
+    # (with find_unused_parameters=False it raises on the next step if any parameter went without)
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = tiny_gpt(3).double()
+    model.loss_impl, model.loss_chunk_size = "chunked", 9
+    idx, targets = batch(3)
+    _, _, expected, _ = gpt_step(model, idx, targets)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        ddp = DDP(model)
+        for _ in range(2):
+            ddp.zero_grad(set_to_none=True)
+            logits, loss = ddp(idx, targets)
+            loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert logits is None
+    for name, p in model.named_parameters():
+        assert rel_err(p.grad, expected[name]) < 1e-12, name
 
 
 # ---------------------------------------------------------------------------------------------
