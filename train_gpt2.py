@@ -143,9 +143,10 @@ LOSS_IMPLS = ("plain", "chunked")
 
 def default_loss_chunk_size(vocab_size):
     """Rows per chunk of chunked_cross_entropy: the largest power of two whose (rows, V) fp32 block
-    fits in 2 GiB, i.e. 8192 rows (1.65 GB) at GPT-2's padded vocab, where the plain loss holds ~30 GB
-    of logits at B=64, T=1024. Not smaller: every chunk reads and writes the whole fp32 (V, C)
-    grad_weight (~0.4 GB of traffic at d12), and torch.compile unrolls the chunk loop."""
+    fits in 2 GiB, i.e. 8192 rows (1.65 GB) at GPT-2's padded vocab, against ~33 GB of bf16 logits,
+    their fp32 copy and log-softmax in the plain loss at B=64, T=1024. Not smaller: every chunk
+    reads and writes the whole fp32 (V, C) grad_weight (~0.5 GB of traffic at d12), and
+    torch.compile unrolls the chunk loop (8 chunks at B·T = 65536)."""
     rows = max(1, 2**29 // vocab_size)
     return 1 << (rows.bit_length() - 1)
 
