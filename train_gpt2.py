@@ -837,6 +837,9 @@ def build_parser():
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
     g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation and the samples")
+    g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
+                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + cross-entropy head "
+                        "that never holds the (batch, vocab) logits (less memory and traffic)")
     g.add_argument("--peak_tflops", type=float, default=None, help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     return p
 
@@ -1224,6 +1227,7 @@ def train(args, ckpt=None, ckpt_path=None):
         if T > raw_model.config.block_size:
             raise UserError(f"--seq_len {T} exceeds the model's context of {raw_model.config.block_size}")
         raw_model.to(device)
+        raw_model.loss_impl = args.loss_impl
         optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
         start_step = 0

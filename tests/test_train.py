@@ -130,3 +130,16 @@ def test_samples_in_the_loop(shards, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("sample 0: Hello, I'm a language model,") == 1  # at step 1 (not before training)
     assert "sample 3:" in out
+
+
+def test_chunked_loss_head_trains_like_the_plain_one(shards, tmp_path):
+    """--loss_impl chunked through the whole trainer: step 0 (same weights, same batch) logs the plain
+    loss up to float32 summation order, validation works, and the run learns."""
+    common = ["--max_steps", "6", "--eval_every", "5", "--save_every", "0"]
+    train(shards, str(tmp_path / "plain"), *common)
+    train(shards, str(tmp_path / "chunked"), *common, "--loss_impl", "chunked")
+    plain, chunked = read_log(str(tmp_path / "plain")), read_log(str(tmp_path / "chunked"))
+    eps32 = torch.finfo(torch.float32).eps
+    assert abs(plain["train"][0] - chunked["train"][0]) <= 8 * eps32 * plain["train"][0] + 1e-6
+    assert abs(plain["val"][0] - chunked["val"][0]) <= 8 * eps32 * plain["val"][0] + 1e-4  # val is logged to 4 decimals
+    assert chunked["val"][5] < chunked["val"][0] - 0.1
