@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -61,6 +62,18 @@ def assert_one_line_error(result, *needles):
     assert len(lines) == 1, result.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def load_weights(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def max_weight_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def torchrun(nproc, *args):
+    return run_script(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train_gpt2.py", *args], timeout=400)
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
-from test_train import load_weights, max_weight_diff, torchrun
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun
 
 
 def train(data, log_dir, *extra):

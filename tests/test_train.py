@@ -6,19 +6,11 @@ import os
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, read_log, run_script
+from conftest import TINY_FLAGS, assert_one_line_error, load_weights, max_weight_diff, read_log, run_script, torchrun
 
 
 def train(data, log_dir, *extra):
     return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
-
-
-def load_weights(path):
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
-
-
-def max_weight_diff(a, b):
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 def test_tiny_run_learns_logs_and_checkpoints(shards, tmp_path):
@@ -74,10 +66,6 @@ def test_gradient_accumulation_equals_one_big_batch(shards, tmp_path):
     assert abs(big - acc) <= 8 * eps32 * big + 1e-6  # + the log's rounding to 6 decimals
 
 
-def torchrun(nproc, *args):
-    return run_script(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train_gpt2.py", *args], timeout=400)
-
-
 def test_two_process_ddp_matches_one_process(shards, tmp_path):
     common = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "4", "--eval_every", "2", "--save_every", "2", "--total_batch_size", "512"]
     ddp = torchrun(2, *common, "--log_dir", str(tmp_path / "ddp"))
@@ -92,16 +80,6 @@ def test_two_process_ddp_matches_one_process(shards, tmp_path):
     diff = max_weight_diff(load_weights(str(tmp_path / "ddp" / "model_00003.pt")), load_weights(str(tmp_path / "one" / "model_00003.pt")))
     assert diff < 1e-5
     assert ddp.stdout.count("step     3/4 | loss") == 1  # rank 0 alone prints and logs
-
-
-def test_help_lists_the_contract_flags():
-    out = run_script(["train_gpt2.py", "--help"]).stdout
-    for flag in ("--data_dir", "--log_dir", "--model", "--n_layer", "--n_head", "--n_embd", "--init_from", "--batch_size",
-                 "--seq_len", "--total_batch_size", "--max_steps", "--warmup_steps", "--max_lr", "--min_lr_frac",
-                 "--weight_decay", "--grad_clip", "--eval_every", "--val_steps", "--hellaswag_every", "--sample_every",
-                 "--save_every", "--resume", "--compile", "--no_compile", "--device", "--dtype", "--seed"):
-        assert flag in out, flag
-    assert "19073" in out and "524288" in out  # defaults are shown
 
 
 def test_no_data_says_run_fineweb(tmp_path):
@@ -143,3 +121,22 @@ def test_chunked_loss_head_trains_like_the_plain_one(shards, tmp_path):
     assert abs(plain["train"][0] - chunked["train"][0]) <= 8 * eps32 * plain["train"][0] + 1e-6
     assert abs(plain["val"][0] - chunked["val"][0]) <= 8 * eps32 * plain["val"][0] + 1e-4  # val is logged to 4 decimals
     assert chunked["val"][5] < chunked["val"][0] - 0.1
+
+
+def test_a_run_ends_with_a_summary_line(shards, tmp_path, capsys):
+    """The benchmark line: the median of the per-step times printed above it, leaving out the first
+    fifth of the steps (warm-up), tokens/s from that median, and the last validation loss."""
+    import re
+    import statistics
+
+    train(shards, str(tmp_path / "log"), "--max_steps", "10", "--eval_every", "9", "--save_every", "0")
+    out = capsys.readouterr().out
+    step_ms = [float(m) for m in re.findall(r"^step +\d+/10 \|.* dt ([\d.]+)ms", out, re.M)]
+    summary = [ln for ln in out.splitlines() if ln.startswith("summary:")]
+    assert len(step_ms) == 10 and len(summary) == 1
+    median = statistics.median(step_ms[2:])
+    got = float(re.search(r"median ([\d.]+) ms/step over the last 8", summary[0]).group(1))
+    assert abs(got - median) <= 0.06  # printed to 2 and 1 decimals
+    tok_s = float(re.search(r"\| ([\d,]+) tok/s", summary[0]).group(1).replace(",", ""))
+    assert abs(tok_s - 256 / (got / 1000)) <= 256 / (got / 1000) * 0.06 / got + 1  # from the median, not an average
+    assert f"val loss {read_log(str(tmp_path / 'log'))['val'][9]:.4f}" in summary[0]
