@@ -64,6 +64,17 @@ def assert_one_line_error(result, *needles):
         assert needle in lines[0], lines[0]
 
 
+def train(data, log_dir, *extra):
+    """A tiny CPU run of train_gpt2 in this process."""
+    return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
+
+
+def truncate_half(path):
+    """What a crash mid-copy or a full disk leaves: the first half of a file."""
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
 def load_weights(path):
     return torch.load(path, map_location="cpu", weights_only=True)["model"]
 

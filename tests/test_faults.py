@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train, truncate_half
 
 HUGE = str(2**63)
 # flag -> values that must be refused before any work
@@ -81,10 +81,6 @@ def test_output_paths_the_system_refuses(shards, tmp_path):
     assert a_file.read_text() == "mine"
 
 
-def train(data, log_dir, *extra):
-    return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
-
-
 @pytest.mark.parametrize("content", [[1, 2, 3], {"model": {}, "config": {"n_layer": 2}}, {"model": {}, "config": [1]},
                                      {"model": [], "config": {"block_size": 32, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 3}}])
 def test_checkpoints_that_load_but_are_not_ours(tmp_path, content):
@@ -114,8 +110,7 @@ def test_pruning_never_removes_the_newest_loadable_checkpoint(shards, tmp_path):
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "12", "--eval_every", "0", "--save_every", "4")
     broken = os.path.join(log_dir, "model_00011.pt")
-    with open(broken, "r+b") as f:
-        f.truncate(os.path.getsize(broken) // 2)
+    truncate_half(broken)
     train(shards, log_dir, "--max_steps", "10", "--eval_every", "0", "--resume", "--keep_checkpoints", "1")
     names = sorted(n for n in os.listdir(log_dir) if n.endswith(".pt"))
     assert names == ["model_00009.pt", "model_00011.pt"]  # 00003 and 00007 pruned; the new 00009 kept

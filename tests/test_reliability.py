@@ -14,11 +14,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun
-
-
-def train(data, log_dir, *extra):
-    return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun, train, truncate_half
 
 
 def log_text(log_dir):
@@ -87,8 +83,7 @@ def test_unloadable_newest_checkpoint_is_skipped(shards, tmp_path, capsys):
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "4", "--eval_every", "0", "--save_every", "2")
     newest = os.path.join(log_dir, "model_00003.pt")
-    with open(newest, "r+b") as f:
-        f.truncate(os.path.getsize(newest) // 2)
+    truncate_half(newest)
     train(shards, log_dir, "--max_steps", "5", "--eval_every", "0", "--save_every", "0", "--resume")
     err = capsys.readouterr()
     assert "skipping checkpoint" in err.err and "model_00003.pt" in err.err

@@ -6,11 +6,7 @@ import os
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, load_weights, max_weight_diff, read_log, run_script, torchrun
-
-
-def train(data, log_dir, *extra):
-    return train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, *extra])
+from conftest import TINY_FLAGS, assert_one_line_error, load_weights, max_weight_diff, read_log, run_script, torchrun, train
 
 
 def test_tiny_run_learns_logs_and_checkpoints(shards, tmp_path):
