@@ -1135,7 +1135,19 @@ def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length
     gen = torch.Generator(device=device).manual_seed(seed)
     with autocast:
         out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
-    return [f"sample {i}: {tokenizer.decode([t for t in row if t < GPT2_VOCAB_SIZE])}" for i, row in enumerate(out.tolist())]
+    return [format_sample(i, num_samples, decode_sample(tokenizer, row)) for i, row in enumerate(out.tolist())]
+
+
+def decode_sample(tokenizer, tokens, stop_token=None):
+    """Text of generated tokens: cut at stop_token, and never a padded-vocabulary id (no text)."""
+    if stop_token is not None and stop_token in tokens:
+        tokens = tokens[: tokens.index(stop_token)]
+    return tokenizer.decode([t for t in tokens if t < GPT2_VOCAB_SIZE])
+
+
+def format_sample(i, num_samples, text):
+    """How every script prints a sample."""
+    return f"--- sample {i + 1}/{num_samples} ---\n{text}"
 
 
 def accumulate_gradients(model, loader, grad_accum_steps, device, autocast, scaler, ddp):

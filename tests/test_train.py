@@ -102,8 +102,8 @@ def test_init_from_local_hf_directory_trains(shards, tmp_path):
 def test_samples_in_the_loop(shards, tmp_path, capsys):
     train(shards, str(tmp_path / "log"), "--max_steps", "2", "--eval_every", "0", "--save_every", "0", "--sample_every", "1")
     out = capsys.readouterr().out
-    assert out.count("sample 0: Hello, I'm a language model,") == 1  # at step 1 (not before training)
-    assert "sample 3:" in out
+    assert out.count("--- sample 1/4 ---\nHello, I'm a language model,") == 1  # at step 1 (not before training)
+    assert "--- sample 4/4 ---" in out
 
 
 def test_chunked_loss_head_trains_like_the_plain_one(shards, tmp_path):
