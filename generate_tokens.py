@@ -70,16 +70,28 @@ def check_args(args):
 
 
 def read_prompt(prompt):
-    """--prompt, else the text piped on stdin (less echo's trailing newline), else the default."""
+    """--prompt, else the text piped on stdin (less echo's trailing newline), else the default. Text
+    that is not valid UTF-8 is refused, never sampled from with replacement characters."""
     if prompt is not None:
+        try:
+            prompt.encode("utf-8")  # undecodable bytes of the command line arrive as lone surrogates
+        except UnicodeEncodeError:
+            raise UserError("--prompt is not valid UTF-8 text; give the prompt in UTF-8") from None
         return prompt
     if sys.stdin is None or sys.stdin.isatty():
         return DEFAULT_PROMPT
-    try:
-        text = sys.stdin.read()
-    except UnicodeDecodeError:
-        raise UserError("stdin is not UTF-8 text; give the prompt with --prompt") from None
-    if text.endswith("\n"):  # text mode has already turned \r\n into \n
+    stream = getattr(sys.stdin, "buffer", None)  # the bytes: text stdin would replace or escape bad ones
+    data = stream.read() if stream is not None else sys.stdin.read()  # (a test's StringIO has no buffer)
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8-sig")  # strict; a byte-order mark (Windows editors) is dropped
+        except UnicodeDecodeError as e:
+            raise UserError(f"stdin is not UTF-8 text (byte {e.start} of {len(data)}: {data[e.start:e.start + 1]!r}); "
+                            "convert it to UTF-8 or give the prompt with --prompt") from None
+        text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads them
+    else:
+        text = data
+    if text.endswith("\n"):
         text = text[:-1]
     return text if text else DEFAULT_PROMPT
 
