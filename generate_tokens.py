@@ -49,7 +49,7 @@ def build_parser():
     g.add_argument("--max_new_tokens", type=int, default=100,
                    help=f"tokens to generate per sample, 1 to {MAX_COUNT:,} (past the context the window slides)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy; else at least 1e-6")
-    g.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0 = off (50 is also HF's pipeline default)")
+    g.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0 = off (HF's pipeline also uses 50)")
     g.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens with this much probability; in (0, 1], 1 = off")
     g.add_argument("--seed", type=int, default=1337, help="0 to 2**64-1; the same seed on the same device gives the same text")
     g.add_argument("--no_stop", action="store_true", help="keep going past <|endoftext|> (default: a sample ends there)")

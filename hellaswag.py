@@ -265,7 +265,7 @@ def evaluate(model, examples, enc, device, rank=0, world_size=1, batch_size=None
 # Command line
 
 
-def parse_args(argv=None):
+def build_parser():
     p = CLIParser(description="HellaSwag accuracy of our checkpoint or of HF GPT-2 weights.")
     p.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
     p.add_argument("--init_from", default=None, help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF GPT-2 directory")
@@ -282,7 +282,11 @@ def parse_args(argv=None):
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="torch.compile the model first (default: on for CUDA, off elsewhere; pays off for the full split)")
     p.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
     for name in ("checkpoint", "init_from", "data", "cache_dir", "device"):
         if getattr(args, name) == "":
             raise UserError(f"--{name} is empty; see --help")

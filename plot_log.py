@@ -183,7 +183,7 @@ def check_out(out, log_path):
             raise UserError(f"--out {out} exists and is not a PNG; refusing to overwrite it, give another file")
 
 
-def main(argv=None):
+def build_parser():
     p = CLIParser(description="Plot the curves of a train_gpt2.py run's log.txt (losses, HellaSwag, any other "
                               "logged kind) as one PNG.")
     p.add_argument("log", help="log.txt of a run, or its log folder")
@@ -191,7 +191,11 @@ def main(argv=None):
                    help="PNG to write: a new file or an existing PNG, never the log (default: plot.png beside the log)")
     p.add_argument("--smooth", type=int, default=0, metavar="K",
                    help="also draw the mean of the last K train-loss points at each step over the raw curve (0 or 1 = off)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.smooth < 0:
         raise UserError(f"--smooth {args.smooth}: must be 0 (off) or a window of K >= 2 points")
     path = os.path.join(args.log, "log.txt") if os.path.isdir(args.log) else args.log
