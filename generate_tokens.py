@@ -34,7 +34,7 @@ from train_gpt2 import EOT_TOKEN, autocast_context, export_hf, get_tokenizer, gp
 
 DEFAULT_PROMPT = "Hello, I'm a language model,"
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
-MIN_TEMPERATURE = 1e-6  # below this, logits / temperature overflow float32: that is greedy (0)
+MIN_TEMPERATURE = 1e-6  # smaller is greedy in all but name, and far smaller overflows logits / temperature
 
 
 def build_parser():
