@@ -54,8 +54,8 @@ def small_chunks(monkeypatch):
 
 
 def write_inputs(d):
-    """DOCS spread over two .txt files, a .jsonl (with a blank line), a .parquet (several row groups)
-    and a .json array, in that order. Returns the paths and the documents in input order."""
+    """DOCS spread over two .txt files, a .jsonl (with a blank line) and a .parquet (several row groups),
+    in that order. Returns the paths and the documents in input order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -79,11 +79,6 @@ def write_inputs(d):
     pq.write_table(pa.table({"text": rows, "n": list(range(4))}), p, row_group_size=2)
     paths.append(p)
     order += rows
-    p = os.path.join(d, "docs.json")
-    with open(p, "w") as f:
-        json.dump([{"text": "from a json array"}, {"text": DOCS[1]}], f)
-    paths.append(p)
-    order += ["from a json array", DOCS[1]]
     return paths, order
 
 
@@ -152,11 +147,11 @@ def test_big_txt_is_read_in_pieces(tmp_path):
     text = "".join(DOCS) * 3
     path = tmp_path / "big.txt"
     path.write_bytes(text.encode("utf-8"))
-    pieces = list(fineweb.read_txt(str(path)))
-    assert len(pieces) > 10 and "".join(p[0] for p in pieces) == text
-    assert [p[1] for p in pieces] == [True] + [False] * (len(pieces) - 1)
-    assert sum(p[2] for p in pieces) == len(text.encode("utf-8"))
-    assert max(len(p[0]) for p in pieces) < 4 * SMALL_CHUNK + 400  # bounded by the chunk size, not the file
+    progress = {"bytes": 0}
+    pieces = list(fineweb.read_txt(str(path), progress))
+    assert len(pieces) > 10 and "".join(pieces) == text
+    assert progress["bytes"] == len(text.encode("utf-8"))
+    assert max(len(p) for p in pieces) < 4 * SMALL_CHUNK + 400  # bounded by the chunk size, not the file
 
 
 @pytest.mark.parametrize("shard_size", [97, 1000])
