@@ -378,7 +378,9 @@ def check_args(args):
         raise UserError("--max_shards must be 0 (all) or more")
     if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
         raise UserError(f"--output_dir {args.output_dir!r} is {'a file' if args.output_dir else 'empty'}; name a folder")
-    if args.download:
+    if args.download == "" or (args.download is None and not args.input and not args.dataset):
+        raise UserError(f"--{'dataset' if args.download is None else 'download'} is empty; name a Hugging Face dataset repo")
+    if args.download is not None:
         return
     if not args.text_field:
         raise UserError("--text_field must not be empty")
@@ -475,7 +477,7 @@ def delete_ours(out_dir, prefix, keep=()):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     check_args(args)
-    if args.download:
+    if args.download is not None:
         return download(args)
     out, old = args.output_dir, read_manifest(args)
     want = output_args(args)
@@ -564,6 +566,7 @@ def download(args):
     huggingface_hub skips the files already complete, so a rerun resumes."""
     import huggingface_hub as hub
 
+    hub.utils.logging.set_verbosity_error()  # not a line per retry
     out = args.output_dir
     try:
         sizes = {f.path: f.size for f in hub.HfApi().list_repo_tree(args.download, repo_type="dataset") if f.path.endswith(".bin")}
