@@ -6,22 +6,17 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
     python fineweb.py --input a.jsonl b.parquet --text_field content --output_dir mydata
     python fineweb.py --download kjj0/fineweb10B-gpt2 --output_dir fineweb10B  # ready-made llm.c shards
 
-Every document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed
-hub dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens (encode_ordinary). The stream of all
-documents, in input order, is cut into shards of exactly --shard_size tokens, the last one shorter.
-Shard 0 is validation, the rest train: llm.c .bin files written by train_gpt2.write_shard.
+Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
+dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens (encode_ordinary). All documents, in input
+order, are cut into llm.c .bin shards of exactly --shard_size tokens (the last shorter); shard 0 is
+validation. Worker processes tokenize ~256 KB chunks, a few in flight (memory stays flat); a longer
+document is cut where GPT-2's pre-tokenizer splits anyway, so its tokens are unchanged.
 
-manifest.json: {"source", "tokenizer", "shard_size", "prefix", "args" (what decides the content; for
-local files their paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc",
-"end_doc_tokens", "checkpoint"}], "complete"}: shard i ends in document end_doc, end_doc_tokens of whose
-tokens are in shards <= i. Running the same command again (after a crash, a killed worker, Ctrl-C or
---max_shards) resumes after the last complete shard: earlier documents are skipped, not tokenized, and a
-hub stream restarts from "checkpoint", its `datasets` state a few documents before end_doc.
-
-Speed: --num_proc worker processes tokenize ~256 KB chunks in input order, a few in flight (memory stays
-flat), while a thread reads the next chunk and another writes and hashes the finished shard. A document
-bigger than a chunk is cut at a "\\n" between two non-space characters, where GPT-2's pre-tokenizer
-splits anyway, so its tokens are unchanged.
+manifest.json: "source", "tokenizer", "prefix", "args" (what decides the content; for local files their
+paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc", "end_doc_tokens",
+"checkpoint"}], "complete". Shard i ends in document end_doc, end_doc_tokens of whose tokens are in shards
+<= i. The same command again resumes after the last complete shard and skips the documents before it (a
+hub stream restarts at "checkpoint", its `datasets` state a few documents before end_doc).
 """
 
 import argparse
@@ -34,6 +29,7 @@ import signal
 import sys
 import time
 from collections import deque
+from contextlib import closing, nullcontext
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -47,19 +43,20 @@ KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar'
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
 CHUNK_CHARS = 1 << 18  # text per work item sent to a worker; also the longest piece a big document is cut into
 HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
-HASH_BLOCK = 1 << 23  # an input's identity: the sha256 of its 8 MiB blocks' sha256s
+HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
 BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\S)")  # the "\n" is a pre-token of its own; no neighbour reaches across
+SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\S)")  # that "\n" is a pre-token of its own, and none reaches across it
 
 
 # -----------------------------------------------------------------------------
-# Reading. Each reader yields documents (a str; for a .txt file an iterator of its pieces) from number
+# Reading. Each reader yields documents (a str; for a .txt file, an iterator of its pieces) from number
 # `skip` on, adds the input bytes it used to progress["bytes"], and returns the part of `skip` left.
 
 
-def split_document(text, start=0):
+def split_document(text):
     """Pieces of at least CHUNK_CHARS (the last may be shorter) whose tokens, concatenated, are the text's."""
+    start = 0
     while len(text) - start > 2 * CHUNK_CHARS and (m := SAFE_SPLIT.search(text, start + CHUNK_CHARS, len(text) - CHUNK_CHARS)):
         yield text[start : m.start()]
         start = m.start()
@@ -68,37 +65,37 @@ def split_document(text, start=0):
 
 def read_txt(path, progress):
     """The file as one document (UTF-8, kept exactly), read and handed on a piece at a time."""
-    decoder, buf, scanned = codecs.getincrementaldecoder("utf-8")(), "", 0
+    decoder, buf, scanned, offset = codecs.getincrementaldecoder("utf-8")(), "", 0, 0
     try:
         with open(path, "rb") as f:
             while raw := f.read(CHUNK_CHARS):
-                buf += decoder.decode(raw)
+                buf, offset = buf + decoder.decode(raw), offset + len(raw)
                 progress["bytes"] += len(raw)
-                while len(buf) > 2 * CHUNK_CHARS:  # hand out pieces: a big file never sits in memory whole
+                while len(buf) > 2 * CHUNK_CHARS:  # a big file never sits in memory whole
                     if not (m := SAFE_SPLIT.search(buf, max(CHUNK_CHARS, scanned))):
-                        scanned = len(buf)  # no split point yet: do not scan this part again
+                        scanned = len(buf)  # no split point yet: not scanned again
                         break
                     yield buf[: m.start()]
                     buf, scanned = buf[m.start() :], 0
         yield buf + decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text (near byte {progress['bytes']:,}); convert it to UTF-8") from None
+        raise UserError(f"{path}: not UTF-8 text (near byte {offset:,}); convert it to UTF-8") from None
     except OSError as e:
         raise UserError(f"cannot read {path} ({brief(e)})") from None
 
 
 def text_of(value, where, field):
-    if not isinstance(value, str):
-        what = "no" if value is None else f"a {type(value).__name__} in the"
-        raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; use --text_field to read another)')
-    return value
+    if isinstance(value, str):
+        return value
+    what = "no" if value is None else f"a {type(value).__name__} in the"
+    raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; use --text_field to read another)')
 
 
 def read_jsonl(path, field, skip, progress):
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             progress["bytes"] += len(line)
-            if line.strip() and (skip := skip - 1) < 0:  # blank lines are no documents; skipped ones are not parsed
+            if line.strip() and (skip := skip - 1) < 0:  # a blank line is no document; skipped ones are not parsed
                 try:
                     obj = json.loads(line)
                 except ValueError as e:
@@ -122,7 +119,7 @@ def open_parquet(path, field):
 
 
 def read_parquet(path, field, skip, progress):
-    """One document per row; row groups before `skip` are not even read."""
+    """One document per row; the row groups before `skip` are not even read."""
     pf, row, groups = open_parquet(path, field), 0, []
     for g in range(pf.metadata.num_row_groups):
         if groups or row + pf.metadata.row_group(g).num_rows > skip:
@@ -133,22 +130,21 @@ def read_parquet(path, field, skip, progress):
     progress["bytes"] += per_row * row
     for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
         progress["bytes"] += per_row * batch.num_rows
-        for row, text in enumerate(batch.column(0).to_pylist(), row):
-            if row >= skip:
-                yield text_of(text, f"{path}: row {row}", field)
-        row += batch.num_rows > 0
+        for text in batch.column(0).to_pylist():
+            if (row := row + 1) > skip:
+                yield text_of(text, f"{path}: row {row - 1}", field)
     return max(0, skip - pf.metadata.num_rows)
 
 
 def read_local(paths, field, skip, progress):
     for path in paths:
         try:
-            if path.lower().endswith(".txt"):
-                if skip == 0:
-                    yield read_txt(path, progress)
-                skip, progress["bytes"] = max(skip - 1, 0), progress["bytes"] + (skip > 0) * os.path.getsize(path)
-            else:
+            if not path.lower().endswith(".txt"):
                 skip = yield from (read_jsonl if path.lower().endswith(".jsonl") else read_parquet)(path, field, skip, progress)
+            elif skip > 0:  # resuming: this document is in finished shards
+                skip, progress["bytes"] = skip - 1, progress["bytes"] + os.path.getsize(path)
+            else:
+                yield read_txt(path, progress)
         except (OSError, ValueError) as e:  # pyarrow's errors on corrupt data are OSError or ValueError
             raise UserError(f"cannot read {path} ({brief(e)})") from None
 
@@ -173,7 +169,7 @@ def read_hub(ds, args, skip, checkpoint, states):
     """The streamed dataset's documents from number `skip` on; every HUB_CHECKPOINT_DOCS documents its
     position {"doc", "state"} goes into `states`, for the shard that ends there."""
     doc = 0
-    if checkpoint is not None:
+    if checkpoint:
         try:
             ds.load_state_dict(checkpoint["state"])
             doc = checkpoint["doc"]
@@ -196,7 +192,7 @@ def read_hub(ds, args, skip, checkpoint, states):
 
 
 # -----------------------------------------------------------------------------
-# Tokenizing
+# Tokenizing and cutting shards
 
 
 def make_chunks(docs):
@@ -223,30 +219,23 @@ def read_ahead(items):
 
 
 def tokenize(texts, first):
-    """(tokens, starts): the chunk's tokens as uint16 with <|endoftext|> before each document, and the
-    offsets of those. Exactly encode_ordinary, as numpy where tiktoken can (>= 0.8)."""
-    enc = get_tokenizer()
-    to_numpy = getattr(enc, "encode_to_numpy", None)
-    parts, starts, n = [], [], 0
+    """(tokens, starts): the chunk's tokens as uint16 with <|endoftext|> before each document, and where those are."""
+    enc, parts, starts, n = get_tokenizer(), [], [], 0
     for text, is_first in zip(texts, first):
-        if is_first:
-            starts.append(n)
-            parts.append(np.array([EOT_TOKEN], dtype=np.uint32))
-        try:
-            parts.append(np.asarray(to_numpy(text, disallowed_special=()) if to_numpy else enc.encode_ordinary(text), dtype=np.uint32))
-        except UnicodeEncodeError:  # lone surrogates (from JSON escapes): encode_ordinary repairs them
-            parts.append(np.asarray(enc.encode_ordinary(text), dtype=np.uint32))
-        n += is_first + len(parts[-1])
+        try:  # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in encode_ordinary
+            ids = enc.encode_to_numpy(text, disallowed_special=())
+        except (AttributeError, UnicodeEncodeError):  # older tiktoken; lone surrogates (JSON escapes), which this repairs
+            ids = enc.encode_ordinary(text)
+        starts += [n] * is_first
+        parts += [np.array([EOT_TOKEN] * is_first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
+        n += is_first + len(ids)
     return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64)
 
 
 def init_worker():
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if sys.platform == "linux":  # PR_SET_PDEATHSIG: if the main process is killed, do not linger as orphans
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-    get_tokenizer()
+        __import__("ctypes").CDLL(None).prctl(1, signal.SIGTERM)
 
 
 def tokenized(chunks, pool, window):
@@ -258,10 +247,6 @@ def tokenized(chunks, pool, window):
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
-
-
-# -----------------------------------------------------------------------------
-# Shards and the manifest
 
 
 def save_json(path, obj):
@@ -276,76 +261,69 @@ def shard_name(prefix, index):
 class ShardCutter:
     """Cuts the token stream into shards and keeps the manifest. Positions index the stream of all
     documents' tokens; a resumed stream starts at the document the last shard ended in, and its tokens
-    already in shards are dropped."""
+    already in shards are dropped. A thread writes, hashes and records each shard in order."""
 
-    def __init__(self, args, manifest, states, log):
-        self.out, self.manifest, self.size, self.max_shards, self.states, self.log = args.output_dir, manifest, args.shard_size, args.max_shards, states, log
+    def __init__(self, args, manifest, states, log, writer):
+        self.args, self.manifest, self.states, self.log, self.writer, self.saved = args, manifest, states, log, writer, None
         last = manifest["shards"][-1] if manifest["shards"] else {"end_doc": 0, "end_doc_tokens": 0}
-        self.written = sum(s["tokens"] for s in manifest["shards"])  # tokens in finished shards and the buffer
-        self.pos = self.doc_start = self.written - last["end_doc_tokens"]  # of the next token to come, of the last document
-        self.ndocs, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the next document to start; the hub position
-        self.buf, self.fill, self.pending, self.stopped = np.empty(self.size, dtype=np.uint16), 0, None, False
-        self.writer = ThreadPoolExecutor(1)  # writing and hashing a shard overlaps tokenizing the next
+        self.written = sum(s["tokens"] for s in manifest["shards"])  # tokens in shards and the buffer
+        self.pos = self.doc_start = self.written - last["end_doc_tokens"]  # of the next token to come; of the last document
+        self.ndocs, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the next document to start; a hub position
+        self.index, self.buf, self.fill, self.stopped = len(manifest["shards"]), np.empty(args.shard_size, np.uint16), 0, False
 
     def add(self, tokens, starts):
-        gstarts, i = self.pos + starts, max(0, self.written - self.pos)
+        starts, i = self.pos + starts, max(0, self.written - self.pos)
         self.pos += len(tokens)
         while i < len(tokens) and not self.stopped:
-            take = min(len(tokens) - i, self.size - self.fill)
+            take = min(len(tokens) - i, len(self.buf) - self.fill)
             self.buf[self.fill : self.fill + take] = tokens[i : i + take]
             self.fill, self.written, i = self.fill + take, self.written + take, i + take
-            if self.fill == self.size:  # the document of the shard's last token, and where it started
-                j = int(np.searchsorted(gstarts, self.written - 1, side="right")) - 1
-                self.flush(*((self.ndocs + j, int(gstarts[j])) if j >= 0 else (self.ndocs - 1, self.doc_start)))
-        self.ndocs, self.doc_start = self.ndocs + len(starts), int(gstarts[-1]) if len(starts) else self.doc_start
+            if self.fill == len(self.buf):  # the document of the shard's last token, and where it started
+                j = int(np.searchsorted(starts, self.written - 1, side="right")) - 1
+                self.flush(*((self.ndocs + j, int(starts[j])) if j >= 0 else (self.ndocs - 1, self.doc_start)))
+        self.ndocs, self.doc_start = self.ndocs + len(starts), int(starts[-1]) if len(starts) else self.doc_start
 
     def flush(self, end_doc, start):
         while self.states and self.states[0]["doc"] <= end_doc:  # the latest hub position at or before end_doc
             self.checkpoint = self.states.popleft()
-        self.wait()
-        index = len(self.manifest["shards"])
-        entry = {"name": shard_name(self.manifest["prefix"], index), "tokens": self.fill, "end_doc": end_doc, "end_doc_tokens": self.written - start}
-        entry.update({"checkpoint": self.checkpoint} if self.checkpoint else {})
-        self.pending = entry, self.writer.submit(write_shard, os.path.join(self.out, entry["name"]), self.buf[: self.fill])
-        self.buf, self.fill, self.stopped = np.empty(self.size, dtype=np.uint16), 0, 0 < self.max_shards <= index + 1
+        entry = {"name": shard_name(self.manifest["prefix"], self.index), "tokens": self.fill, "end_doc": end_doc,
+                 "end_doc_tokens": self.written - start, **({"checkpoint": self.checkpoint} if self.checkpoint else {})}
+        if self.saved is not None:
+            self.saved.result()  # the shard before is on disk and recorded; or its error comes out here
+        self.saved = self.writer.submit(self.save, entry, self.buf[: self.fill])
+        self.buf, self.fill, self.index = np.empty(len(self.buf), np.uint16), 0, self.index + 1
+        self.stopped = 0 < self.args.max_shards <= self.index
 
-    def wait(self):
-        """Record the shard being written, once it is on disk."""
-        if self.pending is not None:
-            (entry, future), self.pending = self.pending, None
-            self.manifest["shards"].append(dict(entry, sha256=future.result()))
-            save_json(os.path.join(self.out, "manifest.json"), self.manifest)
-            self.log(f"wrote {entry['name']} ({entry['tokens']:,} tokens)")
+    def save(self, entry, tokens):
+        entry["sha256"] = write_shard(os.path.join(self.args.output_dir, entry["name"]), tokens)
+        self.manifest["shards"].append(entry)
+        save_json(os.path.join(self.args.output_dir, "manifest.json"), self.manifest)
+        self.log(f"wrote {entry['name']} ({entry['tokens']:,} tokens)")
 
-    def finish(self):
-        if self.fill:
+    def finish(self, complete):
+        """The last shard on disk and recorded (or its error out); at the end of the input, the shorter last
+        shard too, and the manifest marked complete."""
+        if complete and self.fill:
             self.flush(self.ndocs - 1, self.doc_start)
-        self.wait()
-        self.manifest.update(complete=True, documents=self.ndocs, tokens=self.written)
-        save_json(os.path.join(self.out, "manifest.json"), self.manifest)
-
-    def close(self):
-        """On any exit: a shard already being written is finished and recorded (not on a write error)."""
-        try:
-            if self.pending is not None and self.pending[1].exception() is None:
-                self.wait()
-        finally:
-            self.writer.shutdown()
+        if self.saved is not None:
+            self.saved.result()
+        if complete:
+            self.manifest.update(complete=True, documents=self.ndocs, tokens=self.written)
+            save_json(os.path.join(self.args.output_dir, "manifest.json"), self.manifest)
 
 
 # -----------------------------------------------------------------------------
-# Arguments and the output folder
+# Arguments, the output folder, the run
 
 
 def count_arg(text):
-    """1e8, 100000000 or 100_000_000."""
+    """1e8, 100000000 or 100_000_000: a whole number from 1 to 2**31-1."""
     try:
-        value = float(text)
+        if (value := float(text)).is_integer() and 1 <= value < 2**31:
+            return int(value)
     except ValueError:
-        value = None
-    if value is None or not value.is_integer() or not 1 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 2**31-1")
-    return int(value)
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 2**31-1")
 
 
 def hub_name(args):
@@ -380,11 +358,9 @@ def check_args(args):
         raise UserError(f"--output_dir {args.output_dir!r} is {'a file' if args.output_dir else 'empty'}; name a folder")
     if args.download == "" or (args.download is None and not args.input and not args.dataset):
         raise UserError(f"--{'dataset' if args.download is None else 'download'} is empty; name a Hugging Face dataset repo")
-    if args.download is not None:
-        return
     if not args.text_field:
         raise UserError("--text_field must not be empty")
-    for path in args.input or []:
+    for path in [] if args.download else args.input or []:
         if not os.path.isfile(path):
             raise UserError(f"--input {path!r} {'is a directory; pass its files (DIR/*.txt)' if os.path.isdir(path) else 'does not exist'}")
         if not path.lower().endswith(INPUT_TYPES):
@@ -399,18 +375,15 @@ def check_args(args):
 
 
 def content_hash(path):
-    """The sha256 of the file's blocks' sha256s, hashed side by side (hashlib releases the GIL): ~1% of
-    the time tokenizing the file takes, whatever the number of cores."""
+    """The sha256 of the sha256s of the file's blocks, hashed side by side (hashlib releases the GIL):
+    ~1% of the time tokenizing the file takes, however many cores do that."""
     def block(i):
         with open(path, "rb") as f:
             f.seek(i * HASH_BLOCK)
             return hashlib.sha256(f.read(HASH_BLOCK)).digest()
 
-    try:
-        with ThreadPoolExecutor(CPUS) as pool:
-            return hashlib.sha256(b"".join(pool.map(block, range(max(1, -(-os.path.getsize(path) // HASH_BLOCK)))))).hexdigest()
-    except OSError as e:
-        raise UserError(f"cannot read {path} ({brief(e)})") from None
+    with ThreadPoolExecutor(CPUS) as pool:
+        return hashlib.sha256(b"".join(pool.map(block, range(max(1, -(-os.path.getsize(path) // HASH_BLOCK)))))).hexdigest()
 
 
 def output_args(args):
@@ -418,24 +391,26 @@ def output_args(args):
     out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
-    return dict(out, inputs=[{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)} for p in args.input])
+    try:
+        return dict(out, inputs=[{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)} for p in args.input])
+    except OSError as e:
+        raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None
 
 
 def read_manifest(args):
-    """The manifest of an earlier run, checked enough that resuming from it cannot go wrong; None if none."""
+    """The manifest of an earlier run, checked enough to resume from; None if there is none."""
     path = os.path.join(args.output_dir, "manifest.json")
     if not os.path.lexists(path):
         return None
     try:
         with open(path) as f:
             m = json.load(f)
-        total = 0
         if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool) and isinstance(m["prefix"], str)):
             raise ValueError('"args", "shards", "complete" or "prefix" of the wrong type')
         for i, s in enumerate(m["shards"]):
-            total += s["tokens"]
             if not (s["name"] == shard_name(m["prefix"], i) and isinstance(s["sha256"], str) and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
-                    and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens")) and s["end_doc_tokens"] <= total):
+                    and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens"))
+                    and s["end_doc_tokens"] <= sum(t["tokens"] for t in m["shards"][: i + 1])):
                 raise ValueError(f"shard entry {i} is not one fineweb.py writes")
         return m
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -446,32 +421,20 @@ def read_manifest(args):
 
 def check_resume(args, old, want):
     """Nothing if the shards of manifest `old` were made with these arguments and are intact; else a UserError."""
-    if old["args"] == want:
-        for shard in old["shards"]:
-            path = os.path.join(args.output_dir, shard["name"])
-            if not os.path.isfile(path) or os.path.getsize(path) != 4 * SHARD_HEADER_INTS + 2 * shard["tokens"]:
-                raise UserError(f"{path} is missing or has the wrong size; pass --overwrite to start over")
-        return
     olds, news = old["args"].get("inputs"), want.get("inputs")
-    if news and olds != news and isinstance(olds, list) and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) \
-            and [o["path"] for o in olds] == [n["path"] for n in news]:
+    if old["args"] != want and news and olds != news and isinstance(olds, list) \
+            and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) and [o["path"] for o in olds] == [n["path"] for n in news]:
         raise UserError(f"--input {next(n['path'] for o, n in zip(olds, news) if o != n)} changed since the shards in {args.output_dir} "
                         "were made from it; pass --overwrite to start over with its new content (or put the old file back to resume)")
-    key = next(k for k in sorted(set(old["args"]) | set(want)) if old["args"].get(k) != want.get(k))
-    raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {json.dumps(old['args'].get(key))[:100]}, "
-                    f"now {json.dumps(want.get(key))[:100]}); rerun with the same arguments to resume, "
-                    "pass --overwrite to start over, or choose another --output_dir")
-
-
-def delete_ours(out_dir, prefix, keep=()):
-    """Shards (and temporary files) named like ours with this prefix, except `keep`: never anybody else's files."""
-    for name in os.listdir(out_dir):
-        if re.fullmatch(rf"{re.escape(prefix)}_(val|train)_\d{{6}}\.bin(\.tmp)?", name) and name not in keep:
-            os.remove(os.path.join(out_dir, name))
-
-
-# -----------------------------------------------------------------------------
-# The run
+    if old["args"] != want:
+        key = next(k for k in sorted(set(old["args"]) | set(want)) if old["args"].get(k) != want.get(k))
+        raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {json.dumps(old['args'].get(key))[:100]}, "
+                        f"now {json.dumps(want.get(key))[:100]}); rerun with the same arguments to resume, "
+                        "pass --overwrite to start over, or choose another --output_dir")
+    for shard in old["shards"]:
+        path = os.path.join(args.output_dir, shard["name"])
+        if not os.path.isfile(path) or os.path.getsize(path) != 4 * SHARD_HEADER_INTS + 2 * shard["tokens"]:
+            raise UserError(f"{path} is missing or has the wrong size; pass --overwrite to start over")
 
 
 def main(argv=None):
@@ -491,12 +454,14 @@ def main(argv=None):
                                    "shard_size": args.shard_size, "prefix": args.prefix, "args": want, "shards": [], "complete": False}
     try:
         os.makedirs(out, exist_ok=True)
-        for prefix in {old["prefix"], args.prefix} if old is not None else ():
-            delete_ours(out, prefix, keep={s["name"] for s in manifest["shards"]})  # ours from a crash or an earlier run
+        for name in os.listdir(out) if old is not None else ():  # ours from before, or unrecorded ones from a crash
+            if re.fullmatch(rf"({re.escape(old['prefix'])}|{re.escape(args.prefix)})_(val|train)_\d{{6}}\.bin(\.tmp)?", name) \
+                    and name not in {s["name"] for s in manifest["shards"]}:
+                os.remove(os.path.join(out, name))
         if not resume and (others := list_shards(out, "val") + list_shards(out, "train")):
             raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({os.path.basename(others[0])}, ...); "
                             "train_gpt2.py would read them too: choose another --output_dir or remove them")
-        save_json(os.path.join(out, "manifest.json"), manifest)  # before any new shard: all of ours are in a manifest
+        save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
         make_shards(args, manifest, ds)
     except OSError as e:  # a full disk, a folder we may not write: the shards so far are intact
         raise UserError(f"cannot write shards to {out} ({brief(e)}); free space or pick another --output_dir "
@@ -509,17 +474,15 @@ def main(argv=None):
 def make_shards(args, manifest, ds):
     from tqdm import tqdm
 
-    shards = manifest["shards"]
+    shards, progress, states = manifest["shards"], {"bytes": 0}, deque()
     skip = shards[-1]["end_doc"] if shards else 0
     if shards:
         print(f"resuming after {len(shards)} shards in {args.output_dir}: skipping {skip:,} documents already done")
     get_tokenizer()  # fail early; forked workers inherit it
-    pool = ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else None
-    chunks = cutter = bar = None
-    try:
+    # leaving these blocks: reading stops, a shard being written is finished and recorded, the workers end
+    with ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else nullcontext() as pool:
         if pool is not None:
-            pool.submit(int).result()  # fork the workers now, before this process starts its threads
-        progress, states = {"bytes": 0}, deque()
+            pool.submit(int).result()  # fork the workers now, before this process starts threads
         if args.input:
             docs, total, unit = read_local(args.input, args.text_field, skip, progress), sum(map(os.path.getsize, args.input)), "B"
         else:
@@ -527,27 +490,20 @@ def make_shards(args, manifest, ds):
             docs = read_hub(ds, args, skip, shards[-1].get("checkpoint") if shards else None, states)
             total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
         # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress)
-        bar = tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None)
-        cutter = ShardCutter(args, manifest, states, log=print if bar.disable else bar.write)
-        chunks = read_ahead(make_chunks(docs))
-        t0, new_tokens = time.time(), 0
-        bar.update(cutter.written if unit == "tok" else 0)
-        for tokens, starts in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
-            cutter.add(tokens, starts)
-            new_tokens += len(tokens)
-            bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
-            if cutter.stopped:
-                break
-        else:
+        with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
+                ThreadPoolExecutor(1) as writer, closing(read_ahead(make_chunks(docs))) as chunks:
+            cutter = ShardCutter(args, manifest, states, print if bar.disable else bar.write, writer)
+            t0, new_tokens = time.time(), 0
+            bar.update(cutter.written if unit == "tok" else 0)
+            for tokens, starts in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
+                cutter.add(tokens, starts)
+                new_tokens += len(tokens)
+                bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
+                if cutter.stopped:
+                    break
             if cutter.written == 0:
                 raise UserError("the input holds no documents")
-            cutter.finish()
-    finally:
-        for thing in (chunks, cutter, bar):  # in this order: stop reading, record a shard being written
-            if thing is not None:
-                thing.close()
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            cutter.finish(complete=not cutter.stopped)
     speed = f"{new_tokens / max(time.time() - t0, 1e-9) / 1e6:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
     if not manifest["complete"]:
         return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); run again without it to go on")
@@ -561,9 +517,9 @@ def make_shards(args, manifest, ds):
 
 
 def download(args):
-    """--download: the *.bin shards at the top of a hub dataset repo (val first, --max_shards of them) into
-    --output_dir, sizes checked against the hub's, and a manifest.json that --verify_data reads.
-    huggingface_hub skips the files already complete, so a rerun resumes."""
+    """The *.bin shards at the top of a hub dataset repo (val first, --max_shards of them) into --output_dir,
+    sizes checked against the hub's, and a manifest.json for --verify_data. A rerun resumes: huggingface_hub
+    skips the files already complete."""
     import huggingface_hub as hub
 
     hub.utils.logging.set_verbosity_error()  # not a line per retry

@@ -250,6 +250,7 @@ CASES = {
     "output_dir not writable": ([], ["cannot write shards", "PermissionError"],
                                 lambda mp, d, out, new: fake_open(mp, common, errno.EACCES, lambda p, m: p.startswith(out) and "w" in m)),
     "disk full writing a shard": ([], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
+    "disk full writing the last shard": (["--max_shards", "3"], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
     "disk full writing the manifest": ([], ["cannot write shards", "No space left"], full_disk("manifest.json.tmp")),
     "manifest not JSON": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: "{not json")),
     "manifest a JSON list": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: [m])),
