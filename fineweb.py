@@ -449,20 +449,24 @@ def main(argv=None):
         check_resume(args, old, want)
         if old["complete"] or 0 < args.max_shards <= len(old["shards"]):
             return print(f"{out} already has {len(old['shards'])} shards{'' if old['complete'] else ' (--max_shards)'}; nothing to do")
-    ds = None if args.input else load_hub(args)  # before anything in the folder changes
     manifest = old if resume else {"source": "local files: " + ", ".join(args.input) if args.input else hub_name(args), "tokenizer": "gpt2",
                                    "shard_size": args.shard_size, "prefix": args.prefix, "args": want, "shards": [], "complete": False}
-    try:
-        os.makedirs(out, exist_ok=True)
-        for name in os.listdir(out) if old is not None else ():  # ours from before, or unrecorded ones from a crash
-            if re.fullmatch(rf"({re.escape(old['prefix'])}|{re.escape(args.prefix)})_(val|train)_\d{{6}}\.bin(\.tmp)?", name) \
-                    and name not in {s["name"] for s in manifest["shards"]}:
-                os.remove(os.path.join(out, name))
-        if not resume and (others := list_shards(out, "val") + list_shards(out, "train")):
-            raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({os.path.basename(others[0])}, ...); "
-                            "train_gpt2.py would read them too: choose another --output_dir or remove them")
-        save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
-        make_shards(args, manifest, ds)
+    get_tokenizer()  # fail early; forked workers inherit it
+    try:  # leaving the with-block ends the workers
+        with ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else nullcontext() as pool:
+            if pool is not None:
+                pool.submit(int).result()  # fork the workers now, before this process has threads (the hub client's, ours)
+            ds = None if args.input else load_hub(args)  # before anything in the folder changes
+            os.makedirs(out, exist_ok=True)
+            for name in os.listdir(out) if old is not None else ():  # ours from before, or unrecorded ones from a crash
+                if re.fullmatch(rf"({re.escape(old['prefix'])}|{re.escape(args.prefix)})_(val|train)_\d{{6}}\.bin(\.tmp)?", name) \
+                        and name not in {s["name"] for s in manifest["shards"]}:
+                    os.remove(os.path.join(out, name))
+            if not resume and (others := list_shards(out, "val") + list_shards(out, "train")):
+                raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({os.path.basename(others[0])}, ...); "
+                                "train_gpt2.py would read them too: choose another --output_dir or remove them")
+            save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
+            make_shards(args, manifest, ds, pool)
     except OSError as e:  # a full disk, a folder we may not write: the shards so far are intact
         raise UserError(f"cannot write shards to {out} ({brief(e)}); free space or pick another --output_dir "
                         "(rerunning the same command resumes after the last complete shard)") from None
@@ -471,39 +475,35 @@ def main(argv=None):
                         "written are kept: run the same command again to resume (with a smaller --num_proc if memory is short)") from None
 
 
-def make_shards(args, manifest, ds):
+def make_shards(args, manifest, ds, pool):
     from tqdm import tqdm
 
     shards, progress, states = manifest["shards"], {"bytes": 0}, deque()
     skip = shards[-1]["end_doc"] if shards else 0
     if shards:
         print(f"resuming after {len(shards)} shards in {args.output_dir}: skipping {skip:,} documents already done")
-    get_tokenizer()  # fail early; forked workers inherit it
-    # leaving these blocks: reading stops, a shard being written is finished and recorded, the workers end
-    with ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else nullcontext() as pool:
-        if pool is not None:
-            pool.submit(int).result()  # fork the workers now, before this process starts threads
-        if args.input:
-            docs, total, unit = read_local(args.input, args.text_field, skip, progress), sum(map(os.path.getsize, args.input)), "B"
-        else:
-            print(f"streaming {hub_name(args)} from the Hugging Face hub")
-            docs = read_hub(ds, args, skip, shards[-1].get("checkpoint") if shards else None, states)
-            total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
-        # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress)
-        with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
-                ThreadPoolExecutor(1) as writer, closing(read_ahead(make_chunks(docs))) as chunks:
-            cutter = ShardCutter(args, manifest, states, print if bar.disable else bar.write, writer)
-            t0, new_tokens = time.time(), 0
-            bar.update(cutter.written if unit == "tok" else 0)
-            for tokens, starts in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
-                cutter.add(tokens, starts)
-                new_tokens += len(tokens)
-                bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
-                if cutter.stopped:
-                    break
-            if cutter.written == 0:
-                raise UserError("the input holds no documents")
-            cutter.finish(complete=not cutter.stopped)
+    if args.input:
+        docs, total, unit = read_local(args.input, args.text_field, skip, progress), sum(map(os.path.getsize, args.input)), "B"
+    else:
+        print(f"streaming {hub_name(args)} from the Hugging Face hub")
+        docs = read_hub(ds, args, skip, shards[-1].get("checkpoint") if shards else None, states)
+        total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
+    # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress). Leaving
+    # the with-block: reading stops, and a shard being written is finished and recorded.
+    with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
+            ThreadPoolExecutor(1) as writer, closing(read_ahead(make_chunks(docs))) as chunks:
+        cutter = ShardCutter(args, manifest, states, print if bar.disable else bar.write, writer)
+        t0, new_tokens = time.time(), 0
+        bar.update(cutter.written if unit == "tok" else 0)
+        for tokens, starts in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
+            cutter.add(tokens, starts)
+            new_tokens += len(tokens)
+            bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
+            if cutter.stopped:
+                break
+        if cutter.written == 0:
+            raise UserError("the input holds no documents")
+        cutter.finish(complete=not cutter.stopped)
     speed = f"{new_tokens / max(time.time() - t0, 1e-9) / 1e6:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
     if not manifest["complete"]:
         return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); run again without it to go on")
