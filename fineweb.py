@@ -209,15 +209,6 @@ def make_chunks(docs):
         yield texts, first
 
 
-def read_ahead(items):
-    """The items of an iterator, the next one made in a thread while the caller works on this one."""
-    with ThreadPoolExecutor(1) as thread:
-        future = thread.submit(next, items, None)
-        while (item := future.result()) is not None:
-            future = thread.submit(next, items, None)
-            yield item
-
-
 def tokenize(texts, first):
     """(tokens, starts): the chunk's tokens as uint16 with <|endoftext|> before each document, and where those are."""
     enc, parts, starts, n = get_tokenizer(), [], [], 0
@@ -491,7 +482,7 @@ def make_shards(args, manifest, ds, pool):
     # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress). Leaving
     # the with-block: reading stops, and a shard being written is finished and recorded.
     with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
-            ThreadPoolExecutor(1) as writer, closing(read_ahead(make_chunks(docs))) as chunks:
+            ThreadPoolExecutor(1) as writer, closing(make_chunks(docs)) as chunks:
         cutter = ShardCutter(args, manifest, states, print if bar.disable else bar.write, writer)
         t0, new_tokens = time.time(), 0
         bar.update(cutter.written if unit == "tok" else 0)

@@ -7,8 +7,10 @@ the killed worker runs as a real process."""
 
 import errno
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -330,6 +332,23 @@ def test_small_last_shard_is_warned_about(tmp_path, capsys):
     # and it is not given when the shards are all small by choice
     code, stdout, _ = cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
     assert code == 0 and "warning" not in stdout
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    (tmp_path / "book.txt").write_text(austen(0, 200000), encoding="utf-8")
+    size = os.path.getsize(tmp_path / "book.txt")
+    flags = ["--input", tmp_path / "book.txt", "--shard_size", "20000", "--num_proc", "1"]
+    assert cli(capsys, *flags, "--output_dir", tmp_path / "quiet")[2] == ""  # stderr is no terminal here: no bar
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fineweb.main([str(f) for f in flags] + ["--output_dir", str(tmp_path / "shown")])
+    bar = [ln for ln in sys.stderr.getvalue().replace("\r", "\n").splitlines() if ln.strip()]
+    assert len(bar) >= 2 and all(ln.startswith("tokenizing:") for ln in bar), bar  # one bar, redrawn
+    assert f"{size / 1000:.0f}k/{size / 1000:.0f}k" in bar[-1] and "100%" in bar[-1] and "B/s]" in bar[-1]  # bytes, total, rate
+    assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", bar[-1])  # elapsed<ETA
 
 
 # -----------------------------------------------------------------------------
