@@ -46,7 +46,9 @@ HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
 HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
 BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\S)")  # that "\n" is a pre-token of its own, and none reaches across it
+# After "\S\n" before "\S" or "\n\S", GPT-2's pre-tokenizer cuts anyway: that "\n" is a pre-token of its own
+# and none reaches across it (Python's \s is at least as wide as the tokenizer's, so \S is no wider)
+SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)")
 
 
 # -----------------------------------------------------------------------------

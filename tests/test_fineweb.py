@@ -140,6 +140,11 @@ def test_safe_split_points_keep_the_tokens():
     naive = text.split("\n")
     naive = [p + "\n" for p in naive[:-1]] + naive[-1:]
     assert [t for p in naive for t in enc.encode_ordinary(p)] != enc.encode_ordinary(text)
+    # paragraphs with no single line break: cut between the two newlines of a blank line
+    paragraphs = "\n\n".join(" ".join(line.split()) for line in austen(5000, 4000).split("\n\n")) + "\n\n\nend\n \nx\n\n 'll\n\n'd"
+    pieces = list(fineweb.split_document(paragraphs))
+    assert len(pieces) > 5 and "".join(pieces) == paragraphs and all(p.startswith("\n") for p in pieces[1:])
+    assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(paragraphs)
 
 
 def test_big_txt_is_read_in_pieces(tmp_path):
