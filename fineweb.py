@@ -505,8 +505,8 @@ def make_shards(args, manifest, ds, pool):
         print(f"note: that is only a validation shard; train_gpt2.py needs train shards too: use a smaller --shard_size (now {args.shard_size:,})")
     elif shards[-1]["tokens"] < BATCH_TOKENS < args.shard_size:
         print(f"warning: the last shard {shards[-1]['name']} holds only {shards[-1]['tokens']:,} tokens, fewer than one batch of "
-              f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), whose loader stops with an error there; "
-              "train with a smaller --batch_size x --seq_len, or delete that shard and its manifest entry")
+              f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot train on it; "
+              "a smaller --batch_size x --seq_len can")
 
 
 def download(args):
