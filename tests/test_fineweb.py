@@ -6,12 +6,11 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import common
 import fineweb
 import train_gpt2
 from conftest import ROOT, assert_one_line_error, run_script
@@ -54,8 +53,8 @@ def small_chunks(monkeypatch):
 
 
 def write_inputs(d):
-    """DOCS spread over two .txt files, a .jsonl (with a blank line), a .parquet (several row groups)
-    and a .json array, in that order. Returns the paths and the documents in input order."""
+    """DOCS spread over two .txt files, a .jsonl (with a blank line) and a .parquet (several row groups),
+    in that order. Returns the paths and the documents in input order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -79,11 +78,6 @@ def write_inputs(d):
     pq.write_table(pa.table({"text": rows, "n": list(range(4))}), p, row_group_size=2)
     paths.append(p)
     order += rows
-    p = os.path.join(d, "docs.json")
-    with open(p, "w") as f:
-        json.dump([{"text": "from a json array"}, {"text": DOCS[1]}], f)
-    paths.append(p)
-    order += ["from a json array", DOCS[1]]
     return paths, order
 
 
@@ -146,17 +140,22 @@ def test_safe_split_points_keep_the_tokens():
     naive = text.split("\n")
     naive = [p + "\n" for p in naive[:-1]] + naive[-1:]
     assert [t for p in naive for t in enc.encode_ordinary(p)] != enc.encode_ordinary(text)
+    # paragraphs with no single line break: cut between the two newlines of a blank line
+    paragraphs = "\n\n".join(" ".join(line.split()) for line in austen(5000, 4000).split("\n\n")) + "\n\n\nend\n \nx\n\n 'll\n\n'd"
+    pieces = list(fineweb.split_document(paragraphs))
+    assert len(pieces) > 5 and "".join(pieces) == paragraphs and all(p.startswith("\n") for p in pieces[1:])
+    assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(paragraphs)
 
 
 def test_big_txt_is_read_in_pieces(tmp_path):
     text = "".join(DOCS) * 3
     path = tmp_path / "big.txt"
     path.write_bytes(text.encode("utf-8"))
-    pieces = list(fineweb.read_txt(str(path)))
-    assert len(pieces) > 10 and "".join(p[0] for p in pieces) == text
-    assert [p[1] for p in pieces] == [True] + [False] * (len(pieces) - 1)
-    assert sum(p[2] for p in pieces) == len(text.encode("utf-8"))
-    assert max(len(p[0]) for p in pieces) < 4 * SMALL_CHUNK + 400  # bounded by the chunk size, not the file
+    progress = {"bytes": 0}
+    pieces = list(fineweb.read_txt(str(path), progress))
+    assert len(pieces) > 10 and "".join(pieces) == text
+    assert progress["bytes"] == len(text.encode("utf-8"))
+    assert max(len(p) for p in pieces) < 4 * SMALL_CHUNK + 400  # bounded by the chunk size, not the file
 
 
 @pytest.mark.parametrize("shard_size", [97, 1000])
@@ -283,12 +282,37 @@ def test_other_arguments_are_refused_and_overwrite_starts_over(tmp_path):
     check_shards(out, docs, 1000)  # and the old, higher-numbered shards are gone
 
 
-def test_bad_input_is_one_line(tmp_path):
-    """Each kind of bad input, as a real command line: one line on stderr, exit 2, no traceback.
-    The commands run side by side (each pays for importing torch)."""
+def cli(capsys, *argv):
+    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
+    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
+    capsys.readouterr()
+    code = 0
+    try:
+        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_error(result, *needles):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
+    """Each kind of bad input: one line on stderr, exit 2, no traceback. In this process, as run_cli runs
+    it (a real command line pays seconds for importing torch; test_other_arguments_... runs one)."""
+    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from huggingface_hub import constants
 
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     d = tmp_path
     (d / "ok.txt").write_text("fine")
     (d / "table.csv").write_text("text\nfine\n")
@@ -310,24 +334,14 @@ def test_bad_input_is_one_line(tmp_path):
         "no network": (["--dataset", "HuggingFaceFW/fineweb-edu"], ["fineweb-edu", "--input"]),
         "prefix that fakes a split": (["--input", str(d / "ok.txt"), "--prefix", "x_val"], ["--prefix"]),
         "num_proc": (["--input", str(d / "ok.txt"), "--num_proc", "0"], ["--num_proc"]),
+        "foreign shards": (["--input", str(d / "ok.txt"), "--output_dir", str(d / "shards")], ["other_train_000001.bin", "--output_dir"]),
     }
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    procs = {}
-    for i, (case, (flags, _)) in enumerate(cases.items()):
+    for i, (case, (flags, needles)) in enumerate(cases.items()):
         out = ["--output_dir", str(d / f"out{i}")] if "--output_dir" not in flags else []
-        procs[case] = subprocess.Popen([sys.executable, "fineweb.py", "--num_proc", "2", *flags, *out], cwd=ROOT, env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs["foreign shards"] = subprocess.Popen([sys.executable, "fineweb.py", "--input", str(d / "ok.txt"), "--output_dir", str(d / "shards")],
-                                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cases["foreign shards"] = ([], ["other_train_000001.bin", "--output_dir"])
-    for case, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         try:
-            assert_one_line_error(result, *cases[case][1])
+            assert_error(cli(capsys, "--num_proc", "2", *flags, *out), *needles)
         except AssertionError as e:
             raise AssertionError(f"{case}: {e}") from None
-    for i in range(len(cases) - 1):  # nothing half-made left behind
-        out = d / f"out{i}"
-        assert not out.exists() or not [n for n in os.listdir(out) if n.endswith((".bin", ".tmp"))]
+        # nothing half-made left behind
+        assert not (d / f"out{i}").exists() or not [n for n in os.listdir(d / f"out{i}") if n.endswith((".bin", ".tmp"))]
     assert os.listdir(d / "shards") == ["other_train_000001.bin"]

