@@ -5,7 +5,6 @@ log or another non-PNG file; bad lines are named."""
 import math
 import os
 import statistics
-import sys
 
 import pytest
 
