@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import ROOT, run_script
 from train_gpt2 import GPT, GPTConfig, chunked_cross_entropy, default_loss_chunk_size
 
 U32 = 2.0**-24  # unit roundoff of fp32
@@ -317,28 +318,36 @@ def test_gpt_logits_without_targets_and_eval_loss():
         model(idx, targets)
 
 
+DDP_SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from test_loss_head import batch, gpt_step, rel_err, tiny_gpt
+
+model = tiny_gpt(3).double()
+model.loss_impl, model.loss_chunk_size = "chunked", 9
+idx, targets = batch(3)
+_, _, expected, _ = gpt_step(model, idx, targets)
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+ddp = DDP(model)
+for _ in range(2):
+    ddp.zero_grad(set_to_none=True)
+    logits, loss = ddp(idx, targets)
+    loss.backward()
+assert logits is None
+for name, p in model.named_parameters():
+    assert rel_err(p.grad, expected[name]) < 1e-12, name
+print("ok", flush=True)
+os._exit(0)  # skip teardown: destroying a gloo group while its worker frees a finished work can deadlock on the GIL
+"""
+
+
 def test_gpt_chunked_under_ddp(tmp_path):
     # one gloo process: DDP's reducer must see the tied weight's gradient from the autograd.Function
     # (with find_unused_parameters=False it raises on the next step if any parameter went without)
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = tiny_gpt(3).double()
-    model.loss_impl, model.loss_chunk_size = "chunked", 9
-    idx, targets = batch(3)
-    _, _, expected, _ = gpt_step(model, idx, targets)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    try:
-        ddp = DDP(model)
-        for _ in range(2):
-            ddp.zero_grad(set_to_none=True)
-            logits, loss = ddp(idx, targets)
-            loss.backward()
-    finally:
-        dist.destroy_process_group()
-    assert logits is None
-    for name, p in model.named_parameters():
-        assert rel_err(p.grad, expected[name]) < 1e-12, name
+    result = run_script(["-c", DDP_SCRIPT, ROOT, str(tmp_path / "pg")], timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------------------------------------
