@@ -301,15 +301,15 @@ class GPT(nn.Module):
     def from_pretrained(cls, name_or_dir):
         """GPT-2 weights from the HF hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local
         transformers GPT2LMHeadModel directory. The vocabulary stays 50257, as OpenAI trained it."""
-        from transformers import GPT2LMHeadModel
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # stderr is for one-line errors; loading 124M weights takes a second
         if name_or_dir not in HF_GPT2_MODELS and not os.path.isdir(name_or_dir):
             raise UserError(
                 f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(HF_GPT2_MODELS)}) "
                 "nor a local HF model directory"
             )
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # stderr is for one-line errors; loading 124M weights takes a second
         try:
             if os.path.isdir(name_or_dir):
                 hf_model = GPT2LMHeadModel.from_pretrained(name_or_dir)
