@@ -531,12 +531,15 @@ def download(args):
         raise UserError(f"cannot download {args.download} from the Hugging Face hub ({brief(e)}); check the network "
                         "and the repo name (rerunning resumes)") from None
     shards = []
-    for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
-        if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
-            raise UserError(f"{path}: {got} bytes where the hub has {size}; delete it and run the same command again")
-        shards.append({"name": os.path.basename(path), "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
-    manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards, "complete": True}
-    save_json(os.path.join(out, "manifest.json"), dict(manifest, tokens=sum(s["tokens"] for s in shards)))
+    try:
+        for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
+            if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
+                raise UserError(f"{path}: {got} bytes where the hub has {size}; delete it and run the same command again")
+            shards.append({"name": os.path.basename(path), "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
+        manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards, "complete": True}
+        save_json(os.path.join(out, "manifest.json"), dict(manifest, tokens=sum(s["tokens"] for s in shards)))
+    except OSError as e:
+        raise UserError(f"cannot write {out}/manifest.json ({brief(e)}); free space and run the same command again") from None
     print(f"done: {len(shards)} shards, {sum(s['tokens'] for s in shards):,} tokens of {args.download} in {out}")
 
 
