@@ -107,7 +107,6 @@ def read_jsonl(path, field, skip, progress):
 
 
 def open_parquet(path, field):
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -115,7 +114,7 @@ def open_parquet(path, field):
     except Exception as e:
         raise UserError(f"{path}: not a readable parquet file ({brief(e)})") from None
     names = pf.schema_arrow.names
-    if field not in names or not (pa.types.is_string(kind := pf.schema_arrow.field(field).type) or pa.types.is_large_string(kind)):
+    if field not in names or str(pf.schema_arrow.field(field).type) not in ("string", "large_string", "string_view"):
         raise UserError(f'{path}: no "{field}" column of text (columns: {", ".join(names)}); use --text_field')
     return pf
 
@@ -400,10 +399,11 @@ def read_manifest(args):
             m = json.load(f)
         if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool) and isinstance(m["prefix"], str)):
             raise ValueError('"args", "shards", "complete" or "prefix" of the wrong type')
+        total = 0
         for i, s in enumerate(m["shards"]):
             if not (s["name"] == shard_name(m["prefix"], i) and isinstance(s["sha256"], str) and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
                     and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens"))
-                    and s["end_doc_tokens"] <= sum(t["tokens"] for t in m["shards"][: i + 1])):
+                    and s["end_doc_tokens"] <= (total := total + s["tokens"])):
                 raise ValueError(f"shard entry {i} is not one fineweb.py writes")
         return m
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -531,12 +531,15 @@ def download(args):
         raise UserError(f"cannot download {args.download} from the Hugging Face hub ({brief(e)}); check the network "
                         "and the repo name (rerunning resumes)") from None
     shards = []
-    for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
-        if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
-            raise UserError(f"{path}: {got} bytes where the hub has {size}; delete it and run the same command again")
-        shards.append({"name": os.path.basename(path), "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
-    manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards, "complete": True}
-    save_json(os.path.join(out, "manifest.json"), dict(manifest, tokens=sum(s["tokens"] for s in shards)))
+    try:
+        for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
+            if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
+                raise UserError(f"{path}: {got} bytes where the hub has {size}; delete it and run the same command again")
+            shards.append({"name": os.path.basename(path), "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
+        manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards, "complete": True}
+        save_json(os.path.join(out, "manifest.json"), dict(manifest, tokens=sum(s["tokens"] for s in shards)))
+    except OSError as e:
+        raise UserError(f"cannot write {out}/manifest.json ({brief(e)}); free space and run the same command again") from None
     print(f"done: {len(shards)} shards, {sum(s['tokens'] for s in shards):,} tokens of {args.download} in {out}")
 
 

@@ -456,5 +456,9 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     assert_error(cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "fineweb_train_000001.bin", "bytes")
     assert not (out / "manifest.json").exists()
     cut.clear()
+    with pytest.MonkeyPatch.context() as mp:  # the shards arrive, the disk is full when the manifest is written
+        fake_open(mp, common, errno.ENOSPC, lambda p, m: p.endswith("manifest.json.tmp"))
+        assert_error(cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "manifest.json", "No space left")
+    assert not (out / "manifest.json").exists() and not (out / "manifest.json.tmp").exists()
     assert cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]
