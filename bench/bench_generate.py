@@ -1,13 +1,23 @@
 """
-Tokens/s of GPT.generate with and without the KV cache, both in one run (not part of the tests).
+Tokens/s of our GPT.generate against transformers' GPT2LMHeadModel.generate on the same weights (not
+part of the tests).
 
-    python bench/bench_generate.py                        # d12 (GPT-2 124M shape, random init) on the CPU
-    python bench/bench_generate.py --device cuda --dtype bf16 --new_tokens 500
+    python bench/bench_generate.py                                  # d12 on the CPU, 1 and 2 threads
+    python bench/bench_generate.py --busy 0,2                       # also with 2 CPU-burning processes
+    python bench/bench_generate.py --baseline 92b8f71               # plus our generate as of that commit
+    python bench/bench_generate.py --device cuda --dtype bf16 --threads 0
     python bench/bench_generate.py --int8_vs_hf --threads 1,2 --reps 5   # fp32 vs --int8 vs transformers
 
-One sample, a prompt of --prompt_len tokens, --new_tokens sampled tokens (temperature 1, top_k 50,
-no stop token, so every rep makes the same number of tokens); the median of --reps runs after a
-warm-up. Without the cache every step runs the whole sequence so far through the model.
+One sample (batch 1), a random prompt of --prompt_len tokens, greedy, --new_tokens new tokens with no
+stop token, so every run makes the same number of tokens. Our model is a random d12 (GPT-2 124M shape,
+vocabulary padded to 50304); export_hf writes it as a transformers directory (vocabulary 50257) and
+transformers loads it from there, so both models hold the same weights. For each --busy and --threads
+setting the contenders run alternately (the order rotating), --reps times after a warm-up, and the
+table shows the median tokens/s. Both must produce the same tokens; the table says whether they did.
+
+--busy N starts N processes that spin on the CPU for the duration of that setting, to reproduce a
+machine where other jobs compete for the cores. --baseline REV also times GPT.generate from
+train_gpt2.py at git revision REV (same weights), so before/after numbers come from one run.
 
 --int8_vs_hf (CPU): greedy decoding of the same random weights (GPT-2's 50257-token vocabulary, so
 all three do the same arithmetic) three ways: GPT.generate in fp32, GPT.generate on generate_tokens'
@@ -17,28 +27,56 @@ load from other processes hits them alike; the median of --reps is reported.
 """
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from train_gpt2 import GPT2_VOCAB_SIZE, MODEL_PRESETS, GPT, GPTConfig, autocast_context, export_hf, pick_device, run_cli  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from train_gpt2 import (GPT2_VOCAB_SIZE, MODEL_PRESETS, GPT, GPTConfig, autocast_context, export_hf, hf_to_our_state_dict,  # noqa: E402
+                        pick_device, run_cli)
 
 
-def time_generate(model, idx, new_tokens, use_cache, device_type, dtype, seed):
-    torch.manual_seed(seed)
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with autocast_context(device_type, dtype):
-        out = model.generate(idx, new_tokens, temperature=1.0, top_k=50, use_cache=use_cache)
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    assert out.size(1) == idx.size(1) + new_tokens
-    return time.perf_counter() - t0
+def int_list(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def load_baseline(rev, state_dict, config, device):
+    """GPT from train_gpt2.py as of git revision rev, holding state_dict."""
+    source = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:train_gpt2.py"], capture_output=True, text=True, check=True).stdout
+    path = os.path.join(tempfile.mkdtemp(), f"train_gpt2_{rev.replace('/', '_')}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("train_gpt2_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.GPT(module.GPTConfig(**vars(config)))
+    model.load_state_dict(state_dict)
+    return model.to(device).eval()
+
+
+class Burners:
+    """n processes spinning on the CPU while the with-block runs."""
+
+    def __init__(self, n):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(0.5 if self.n else 0)  # let them get going
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait()
 
 
 def int8_vs_hf(args):
@@ -112,36 +150,97 @@ def main():
     p.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS))
     p.add_argument("--prompt_len", type=int, default=8)
     p.add_argument("--new_tokens", type=int, default=128)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5, help="timed runs of each contender per setting (median reported)")
+    p.add_argument("--threads", type=int_list, default=[1, 2], help="comma-separated torch.set_num_threads values; 0 = leave as is")
+    p.add_argument("--busy", type=int_list, default=[0], help="comma-separated numbers of CPU-burning background processes")
+    p.add_argument("--baseline", default=None, metavar="REV", help="also time GPT.generate of train_gpt2.py at this git revision")
+    p.add_argument("--no_hf", action="store_true", help="leave out transformers")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--int8_vs_hf", action="store_true", help="CPU: greedy fp32 vs --int8 vs transformers' generate")
-    p.add_argument("--threads", default="1,2", help="with --int8_vs_hf: torch thread counts to time, comma-separated")
     args = p.parse_args()
     if args.int8_vs_hf:
-        args.threads = [int(t) for t in args.threads.split(",")]
         int8_vs_hf(args)
         return
     device = pick_device(args.device)
     device_type = device.split(":")[0]
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**MODEL_PRESETS[args.model])).to(device).eval()
-    idx = torch.randint(0, 50257, (1, args.prompt_len), device=device)
-    print(f"{args.model}: {model.num_params() / 1e6:.1f}M parameters | device {device} ({torch.get_num_threads()} threads on cpu) | "
-          f"dtype {args.dtype} | prompt {args.prompt_len} | new tokens {args.new_tokens} | reps {args.reps}")
+    config = GPTConfig(**MODEL_PRESETS[args.model])
+    ours = GPT(config).eval()
+    contenders = {"ours": ours}
+    if args.baseline:
+        contenders[f"ours@{args.baseline}"] = load_baseline(args.baseline, ours.state_dict(), config, device)
+    if not args.no_hf:
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        hf_dir = os.path.join(tempfile.mkdtemp(), "hf")
+        export_hf(ours, hf_dir)
+        hf = GPT2LMHeadModel.from_pretrained(hf_dir).to(device).eval()
+        hf.generation_config.eos_token_id = None  # never stop early: both make --new_tokens tokens
+        hf.generation_config.pad_token_id = 0
+        # the import helper maps the HF weights back onto ours: a check that both hold the same model
+        back = hf_to_our_state_dict(hf.state_dict())
+        for k, v in ours.state_dict().items():
+            assert torch.equal(back[k].to(v.device), v[: back[k].size(0)]), k
+        contenders["transformers"] = hf
+    ours.to(device)
+
+    idx = torch.randint(0, 50257, (1, args.prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
+    attention_mask = torch.ones_like(idx)
+
+    def generate(name, n):
+        model = contenders[name]
+        with torch.no_grad(), autocast_context(device_type, args.dtype):
+            if name == "transformers":
+                return model.generate(idx, attention_mask=attention_mask, max_new_tokens=n, do_sample=False)
+            return model.generate(idx, n, temperature=0)
+
+    def timed(name):
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = generate(name, args.new_tokens)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        assert out.shape == (1, args.prompt_len + args.new_tokens), out.shape
+        return args.new_tokens / dt, out
+
+    default_threads = torch.get_num_threads()
+    names = list(contenders)
+    print(f"{args.model}: {ours.num_params() / 1e6:.1f}M parameters | device {device} | dtype {args.dtype} | batch 1 | "
+          f"prompt {args.prompt_len} | greedy, {args.new_tokens} new tokens | median of {args.reps} | torch {torch.__version__}"
+          + (f" | {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""), flush=True)
     rows = []
-    for use_cache in (True, False):
-        # warm-up; on a GPU the whole length, so first-use kernel loading for each length is not timed
-        time_generate(model, idx, 8 if device_type == "cpu" else args.new_tokens, use_cache, device_type, args.dtype, 0)
-        times = [time_generate(model, idx, args.new_tokens, use_cache, device_type, args.dtype, r) for r in range(args.reps)]
-        t = statistics.median(times)
-        rows.append((use_cache, t, args.new_tokens / t))
-        print(f"  {'with' if use_cache else 'without'} cache: " + ", ".join(f"{x:.2f}s" for x in times), flush=True)
-    print("\n| generate | median s | tokens/s |\n| --- | --- | --- |")
-    for use_cache, t, tps in rows:
-        print(f"| {'with KV cache' if use_cache else 'without cache'} | {t:.2f} | {tps:.1f} |")
-    print(f"\nspeed-up from the cache: {rows[0][2] / rows[1][2]:.1f}x")
+    for busy in args.busy:
+        for threads in args.threads:
+            torch.set_num_threads(threads or default_threads)
+            with Burners(busy):
+                for name in names:
+                    generate(name, 8)  # warm-up
+                speeds, outs = {n: [] for n in names}, {}
+                for rep in range(args.reps):
+                    for name in names[rep % len(names) :] + names[: rep % len(names)]:  # alternate, rotating the order
+                        tps, outs[name] = timed(name)
+                        speeds[name].append(tps)
+            same = all(torch.equal(outs[n], outs[names[0]]) for n in names)
+            med = {n: statistics.median(v) for n, v in speeds.items()}
+            rows.append((busy, torch.get_num_threads(), med, same))
+            print(f"  busy {busy}, threads {torch.get_num_threads()}: "
+                  + " | ".join(f"{n} " + " ".join(f"{x:.1f}" for x in speeds[n]) for n in names), flush=True)
+    torch.set_num_threads(default_threads)
+
+    ratio = "transformers" in names and len(names) > 1
+    print("\ntokens/s, median")
+    print("| busy | threads | " + " | ".join(names) + (" | ours / transformers" if ratio else "") + " | same tokens |")
+    print("| --- " * (3 + len(names) + ratio) + "|")
+    for busy, threads, med, same in rows:
+        cells = [f"{med[n]:.1f}" for n in names] + ([f"{med['ours'] / med['transformers']:.2f}x"] if ratio else [])
+        print(f"| {busy} | {threads} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
 
 
 if __name__ == "__main__":
