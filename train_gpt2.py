@@ -234,6 +234,10 @@ def chunked_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1):
 
 
 class GPT(nn.Module):
+    # --recompute (activation checkpointing): in training, keep only each Block's input and run the
+    # Block again during backward (torch.utils.checkpoint): less memory, ~1/3 more compute, the same numbers
+    recompute = False
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -282,7 +286,10 @@ class GPT(nn.Module):
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
-            x = block(x, kv_cache)
+            if self.recompute and kv_cache is None and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         x = self.transformer.ln_f(x)
@@ -875,6 +882,15 @@ def build_parser():
                    help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + cross-entropy head "
                         "that never holds the (batch, vocab) logits (less memory and traffic)")
     g.add_argument("--peak_tflops", type=float, default=None, help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
+    g = p.add_argument_group("scale (docs/scale.md; --zero and --fsdp shard across torchrun's processes)")
+    g.add_argument("--zero", type=int, default=0, choices=[0, 1],
+                   help="1: shard AdamW's state across the ranks (ZeroRedundancyOptimizer, ZeRO stage 1); 0: every rank holds all of it")
+    g.add_argument("--fsdp", dest="fsdp", action="store_true", default=False,
+                   help="shard weights, gradients and optimizer state across the ranks (FSDP2 fully_shard per Block) instead of DDP")
+    g.add_argument("--no_fsdp", dest="fsdp", action="store_false", help="replicate the model with DDP (turns off a resumed run's --fsdp)")
+    g.add_argument("--recompute", dest="recompute", action="store_true", default=False,
+                   help="activation checkpointing: keep each Block's input only and recompute the Block in backward")
+    g.add_argument("--no_recompute", dest="recompute", action="store_false", help="keep all activations (turns off a resumed run's --recompute)")
     return p
 
 
@@ -982,6 +998,161 @@ def check_memory(config, args, dtype, device_type, local_world_size):
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory ({local_world_size} process(es) of batch_size "
                         f"{args.batch_size} x seq_len {args.seq_len}) but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use --model tiny")
+
+
+# -----------------------------------------------------------------------------
+# Scale: ZeRO-1, FSDP2 and activation checkpointing, all PyTorch's own (docs/scale.md). Every
+# checkpoint keeps the plain layout (model.state_dict(), AdamW's state_dict()), whatever the mode.
+
+
+def check_scale_args(args):
+    if args.zero and args.fsdp:
+        raise UserError("--zero 1 and --fsdp do not combine (FSDP already shards the optimizer state); pick one "
+                        "(when resuming, --zero 0 or --no_fsdp turns off the checkpoint's setting)")
+
+
+def scale_mode(args, ddp, dtype, say):
+    """(zero, fsdp) for this run. Both shard across torchrun's processes; one process without
+    torchrun has nothing to shard, so it trains unsharded (the checkpoints are the same either way)."""
+    zero, fsdp = args.zero == 1, args.fsdp
+    if (zero or fsdp) and not ddp:
+        say(f"note: {'--fsdp' if fsdp else '--zero 1'} shards across torchrun's processes; a single process has nothing to "
+            "shard and trains unsharded")
+        return False, False
+    if fsdp and dtype == "fp16":
+        raise UserError("--fsdp trains in bf16 or fp32 (fp16's loss scaler is not sharded here); use --dtype bf16 or fp32, "
+                        "or --zero 1 for fp16")
+    return zero, fsdp
+
+
+def shard_model(model, dtype, device_type, use_compile):
+    """FSDP2 in place: each Block is one unit (gathered for its forward and backward, freed after),
+    then the root, which holds the tied wte/lm_head weight, wpe and ln_f.
+    bf16 on GPUs: the Blocks' weights are gathered and used in bf16 and their gradients reduced in
+    fp32. Autocast stays on and the root stays fp32, so the residual stream, the embeddings'
+    gradients, layer norms, softmax and the loss stay in fp32 as in a DDP bf16 run
+    (cast_forward_inputs=False keeps the fp32 residual entering a Block). On a CPU (where autocast
+    does not lift layer_norm to fp32) the weights stay fp32, and bf16 is autocast's alone, as in DDP."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if dtype == "bf16" and device_type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for block in model.transformer.h:
+        if use_compile:
+            block.compile()  # in place: parameter names keep no _orig_mod.
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model)
+    return model
+
+
+def build_optimizer(raw_model, args, device_type, zero):
+    """GPT.configure_optimizers' AdamW, or under --zero 1 a ZeroRedundancyOptimizer over the same
+    two groups and settings: each rank keeps the AdamW state of its share of the parameters."""
+    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
+    if not zero:
+        return optimizer
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+    settings = {k: optimizer.defaults[k] for k in ("lr", "betas", "eps", "fused")}
+    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **settings)
+
+
+def gradient_sync(model, ddp, last_micro_step):
+    """The context of a micro-step's backward: gradients are reduced across ranks on the last only."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last_micro_step)
+        return nullcontext()
+    return nullcontext() if not ddp or last_micro_step else model.no_sync()
+
+
+def full_state_dicts(raw_model, optimizer, zero, fsdp, master):
+    """(model state, optimizer state) in the plain layout on rank 0, (None, None) on the others.
+    Under --zero 1 and --fsdp it gathers the shards, so every rank must call it."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors, on rank 0 only
+        model_state = get_model_state_dict(raw_model, options=options)
+        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
+        if not master:
+            return None, None
+        return tie_shared_weights(model_state, raw_model), optimizer_state_by_index(optimizer_state)
+    if zero:
+        optimizer.consolidate_state_dict(to=0)
+    if not master:
+        return None, None
+    return raw_model.state_dict(), optimizer.state_dict()
+
+
+def tie_shared_weights(state, model):
+    """Names of one shared parameter (wte and lm_head) point to one tensor, as in model.state_dict(),
+    so torch.save stores the weight once."""
+    first = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name in state:
+            state[name] = state[first.setdefault(id(p), name)]
+    return state
+
+
+def optimizer_state_by_index(state):
+    """get_optimizer_state_dict's layout (keyed by parameter name) -> AdamW.state_dict()'s (keyed by
+    the parameter's index across the groups, in order)."""
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+    groups, start = [], 0
+    for group in state["param_groups"]:
+        groups.append({**group, "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    return {"state": {index[name]: s for name, s in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_name(state, optimizer, model):
+    """AdamW.state_dict()'s layout -> the one set_optimizer_state_dict takes (keyed by name)."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    names = [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    saved = state["param_groups"]
+    if [len(g["params"]) for g in saved] != [len(g) for g in names]:
+        raise ValueError(f"{len(saved)} parameter groups of {[len(g['params']) for g in saved]} parameters, "
+                         f"this model has {[len(g) for g in names]}")
+    flat = [name for group in names for name in group]
+    groups = [{**g, "params": group} for g, group in zip(saved, names)]
+    return {"state": {flat[i]: s for i, s in state["state"].items()}, "param_groups": groups}
+
+
+def load_optimizer_state(optimizer, state, fsdp_model=None):
+    """A plain AdamW state dict into this run's optimizer: AdamW itself, a ZeroRedundancyOptimizer
+    (which keeps its rank's share), or under --fsdp the sharded AdamW (every rank holds the file)."""
+    if fsdp_model is None:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(fsdp_model, optimizer, optimizer_state_by_name(state, optimizer, fsdp_model),
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of optimizer state this rank holds: all of AdamW's, or its share under --zero 1 / --fsdp."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: the rank's local AdamW
+    total = 0
+    for state in inner.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                value = value.to_local() if hasattr(value, "to_local") else value
+                total += value.numel() * value.element_size()
+    return total
+
+
+def optimizer_state_line(optimizer, world_size, device):
+    """'optimizer state per rank: ...' from every rank (a collective)."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([optimizer_state_bytes(optimizer)], dtype=torch.long, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world_size)]
+    dist.all_gather(everyone, mine)
+    return "optimizer state per rank: " + ", ".join(f"{t.item():,} bytes" for t in everyone)
 
 
 # -----------------------------------------------------------------------------
@@ -1120,10 +1291,12 @@ def prune_checkpoints(log_dir, saved_step, keep):
         os.remove(path)
 
 
-def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type):
+def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None):
+    """states: (model state, optimizer state) gathered by full_state_dicts under --zero 1 / --fsdp."""
+    model_state, optimizer_state = states if states is not None else (model.state_dict(), optimizer.state_dict())
     save_checkpoint(path, {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model_state,
+        "optimizer": optimizer_state,
         "step": step,
         "config": asdict(model.config),
         "loader": loader_state,
@@ -1133,10 +1306,10 @@ def save_run(path, model, optimizer, scaler, loader_state, step, args, device_ty
     })
 
 
-def restore_run(ckpt, optimizer, scaler, train_loader, device_type):
+def restore_run(ckpt, optimizer, scaler, train_loader, device_type, fsdp_model=None):
     """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them."""
     try:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(optimizer, ckpt["optimizer"], fsdp_model)
         train_loader.load_state_dict(ckpt["loader"])
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"]["cpu"])
@@ -1191,8 +1364,8 @@ def accumulate_gradients(model, loader, grad_accum_steps, device, autocast, scal
     for micro_step in range(grad_accum_steps):
         x, y = loader.next_batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        # DDP all-reduces gradients on the last micro-step only
-        sync = nullcontext() if not ddp or micro_step == grad_accum_steps - 1 else model.no_sync()
+        # DDP all-reduces (FSDP reduce-scatters) gradients on the last micro-step only
+        sync = gradient_sync(model, ddp, micro_step == grad_accum_steps - 1)
         with sync:
             with autocast:
                 _, loss = model(x, y)
@@ -1207,6 +1380,8 @@ def apply_update(model, optimizer, scaler, loss, lr, grad_clip):
     step is skipped). Returns (grad norm, whether the update was applied)."""
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # --fsdp: the norm over all shards, as a replicated DTensor
+        norm = norm.full_tensor()
     for group in optimizer.param_groups:
         group["lr"] = lr
     finite = bool(torch.isfinite(loss)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
@@ -1274,11 +1449,15 @@ def train(args, ckpt=None, ckpt_path=None):
             raise UserError(f"--seq_len {T} exceeds the model's context of {raw_model.config.block_size}")
         raw_model.to(device)
         raw_model.loss_impl = args.loss_impl
-        optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
+        zero, fsdp = scale_mode(args, ddp, dtype, say)
+        raw_model.recompute = args.recompute
+        if fsdp:
+            shard_model(raw_model, dtype, device_type, use_compile)
+        optimizer = build_optimizer(raw_model, args, device_type, zero)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
         start_step = 0
         if ckpt is not None:
-            restore_run(ckpt, optimizer, scaler, train_loader, device_type)
+            restore_run(ckpt, optimizer, scaler, train_loader, device_type, raw_model if fsdp else None)
             start_step = ckpt["step"] + 1
             say(f"resuming from {ckpt_path} at step {start_step}")
             if master:
@@ -1286,7 +1465,7 @@ def train(args, ckpt=None, ckpt_path=None):
         elif master and os.path.exists(log_file):
             os.remove(log_file)  # a fresh run starts a fresh log
 
-        model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank)
+        model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
         hellaswag_examples = None
         if args.hellaswag_every:
             import hellaswag
@@ -1306,8 +1485,9 @@ def train(args, ckpt=None, ckpt_path=None):
 
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
+            states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)  # under --zero 1 / --fsdp every rank takes part
             if master:
-                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type)
+                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states)
                 if args.keep_checkpoints:
                     prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
                 say(f"saved {path}")
@@ -1322,12 +1502,13 @@ def train(args, ckpt=None, ckpt_path=None):
                     if master:
                         log_line(log_file, f"{step} val {val_loss:.4f}")
                 if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
-                    with autocast:
-                        result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=rank, world_size=world_size)
+                    with autocast:  # under --fsdp every rank scores every example: each forward needs all ranks
+                        result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=0 if fsdp else rank,
+                                                    world_size=1 if fsdp else world_size)
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
                     if master:
                         log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
-                if master and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
+                if (master or fsdp) and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
                     say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
                 model.train()
@@ -1336,7 +1517,8 @@ def train(args, ckpt=None, ckpt_path=None):
                 try:
                     loss = accumulate_gradients(model, train_loader, grad_accum_steps, device, autocast, scaler, ddp)
                 except BaseException as e:  # the weights are still those after the last step: keep that progress
-                    if master and step > start_step and not (args.save_every and step % args.save_every == 0):
+                    # (sharded state cannot be gathered while other ranks may be failing: --resume takes the last checkpoint)
+                    if master and step > start_step and not (args.save_every and step % args.save_every == 0) and not (zero or fsdp):
                         say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; --resume continues from there")
                     if isinstance(e, torch.OutOfMemoryError):
                         raise UserError(f"out of GPU memory at batch_size {B} x seq_len {T}; lower --batch_size "
@@ -1363,6 +1545,8 @@ def train(args, ckpt=None, ckpt_path=None):
                 if stop_now:
                     say(f"stopped by signal after step {step}; `--resume` continues from {checkpoint_path(args.log_dir, step)}")
                     break
+        if ddp:
+            say(optimizer_state_line(optimizer, world_size, device))
         say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
     finally:
         if ddp and dist.is_initialized():
@@ -1378,8 +1562,10 @@ def accumulation_steps(args, world_size):
     return args.total_batch_size // per_micro_step
 
 
-def wrap_model(raw_model, use_compile, ddp, device_type, local_rank):
+def wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp=False):
     """(model to train, model to evaluate): compiled, and for training wrapped in DDP."""
+    if fsdp:  # sharded (and its Blocks compiled) in place by shard_model; every rank runs every forward
+        return raw_model, raw_model
     model = torch.compile(raw_model) if use_compile else raw_model
     eval_model = model  # compiled, without the DDP wrapper: validation and HellaSwag run on every rank alone
     if ddp:
@@ -1459,6 +1645,7 @@ def main(argv=None):
         raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
                         "or choose another --log_dir (nothing was changed)")
     check_args(args)
+    check_scale_args(args)
     try:
         os.makedirs(args.log_dir, exist_ok=True)
     except OSError as e:

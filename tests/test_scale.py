@@ -1,0 +1,223 @@
+"""--zero 1, --fsdp, --recompute and several machines, on CPU with gloo (2 processes under torchrun).
+
+How close is close enough: the reference is one process with the same total batch. Plain 2-process
+DDP differs from it only by float rounding (the same sums in another order), so the DDP-vs-one
+distance of the last weights is the noise scale (~3e-6 after 6 AdamW steps); a mode passes if its
+weights are within 4x that, its losses within the log's rounding, and its logged gradient norms
+(before clipping) within their 4 printed decimals. A gradient summed over the ranks instead of
+averaged is 2x too large: clipping caps it and AdamW divides its scale out, so over a few steps it
+barely moves losses and weights, but the logged norm doubles. test_the_tolerance_catches_a_doubled_gradient
+checks that the comparison sees it.
+
+    python -m pytest -q tests/test_scale.py
+"""
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import generate_tokens
+import hellaswag
+import train_gpt2
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
+from test_train import load_weights, max_weight_diff, torchrun
+
+RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
+STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
+STATE_RE = re.compile(r"optimizer state per rank: (.*)")
+
+
+def norms(stdout):
+    return {int(m.group(1)): float(m.group(3)) for m in STEP_RE.finditer(stdout)}
+
+
+def state_bytes_per_rank(stdout):
+    return [int(b.replace(",", "").split()[0]) for b in STATE_RE.search(stdout).group(1).split(", ")]
+
+
+def one_process(data, log_dir, *extra):
+    """train_gpt2.main in this process: its stdout. --val_steps counts per rank: 4 here = 2 x 2 ranks."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train_gpt2.main([*TINY_FLAGS, "--data_dir", data, *RUN, "--val_steps", "4", "--log_dir", log_dir, *extra])
+    return out.getvalue()
+
+
+def two_processes(data, log_dir, *extra):
+    result = torchrun(2, *TINY_FLAGS, "--data_dir", data, *RUN, "--log_dir", log_dir, *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def copy_run(src, dst, step):
+    """A run dir holding src's checkpoint of `step` and its log: as if src had died after that step."""
+    os.makedirs(dst)
+    shutil.copy(os.path.join(src, f"model_{step:05d}.pt"), dst)
+    shutil.copy(os.path.join(src, "log.txt"), dst)
+    return dst
+
+
+def weights(log_dir, step=5):
+    return load_weights(os.path.join(log_dir, f"model_{step:05d}.pt"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The straight runs, once for the module: one process, plain DDP, --zero 1 and --fsdp."""
+    tmp = tmp_path_factory.mktemp("scale")
+    data = make_shards(str(tmp / "data"))
+    r = {"tmp": tmp, "data": data, "out": {}}
+    r["out"]["one"] = one_process(data, str(tmp / "one"))
+    for name, extra in (("ddp", []), ("zero", ["--zero", "1"]), ("fsdp", ["--fsdp"])):
+        r["out"][name] = two_processes(data, str(tmp / name), *extra)
+    # the noise scale: the same training as one process and as DDP, rounded differently
+    r["noise"] = max_weight_diff(weights(str(tmp / "one")), weights(str(tmp / "ddp")))
+    assert 0 < r["noise"] < 1e-4, r["noise"]
+    return r
+
+
+def assert_same_run(r, log_dir, stdout=None, reference="one"):
+    """log_dir's run equals the reference run up to float rounding: train losses (6 decimals), val
+    losses (4 decimals), gradient norms (4 decimals) and the last weights within 4x the noise."""
+    ref_dir = str(r["tmp"] / reference)
+    a, b = read_log(ref_dir), read_log(log_dir)
+    assert a["train"].keys() == b["train"].keys() and a["val"].keys() == b["val"].keys()
+    for s in a["train"]:
+        assert abs(a["train"][s] - b["train"][s]) <= 2e-6, ("train", s, a["train"][s], b["train"][s])
+    for s in a["val"]:
+        assert abs(a["val"][s] - b["val"][s]) <= 2e-4, ("val", s, a["val"][s], b["val"][s])
+    if stdout is not None:
+        ref_norms, got = norms(r["out"][reference]), norms(stdout)
+        assert got and all(abs(ref_norms[s] - got[s]) <= 2e-4 for s in got), ("norm", ref_norms, got)
+    diff = max_weight_diff(weights(ref_dir), weights(log_dir))
+    assert diff <= 4 * r["noise"], ("weights", diff, r["noise"])
+
+
+def test_zero1_and_fsdp_match_ddp_and_one_process(runs):
+    for name in ("ddp", "zero", "fsdp"):
+        assert_same_run(runs, str(runs["tmp"] / name), runs["out"][name])
+    # ZeRO-1 runs AdamW's own per-parameter update on the owning rank with DDP's averaged gradients:
+    # the same float operations as DDP, bit for bit
+    assert max_weight_diff(weights(str(runs["tmp"] / "ddp")), weights(str(runs["tmp"] / "zero"))) == 0
+    assert runs["out"]["fsdp"].count("step     5/6 | loss") == 1  # rank 0 alone prints
+
+
+def test_the_tolerance_catches_a_doubled_gradient(runs, monkeypatch):
+    """What a sum-instead-of-average bug looks like: the same run with every gradient doubled."""
+    apply_update = train_gpt2.apply_update
+
+    def doubled(model, *args):
+        for p in model.parameters():
+            p.grad *= 2
+        return apply_update(model, *args)
+
+    monkeypatch.setattr(train_gpt2, "apply_update", doubled)
+    log_dir = str(runs["tmp"] / "doubled")
+    out = one_process(runs["data"], log_dir)
+    with pytest.raises(AssertionError):
+        assert_same_run(runs, log_dir, out)
+    assert abs(norms(out)[0] - 2 * norms(runs["out"]["one"])[0]) < 1e-3  # step 0: the same weights, twice the gradient
+
+
+def test_optimizer_state_per_rank(runs):
+    """Sum of the optimizer state's tensor sizes on each rank, as the runs print it."""
+    plain = sum(v.numel() * v.element_size() for s in torch.load(os.path.join(str(runs["tmp"] / "one"), "model_00005.pt"),
+                                                                 weights_only=True)["optimizer"]["state"].values() for v in s.values())
+    ddp, zero, fsdp = (state_bytes_per_rank(runs["out"][n]) for n in ("ddp", "zero", "fsdp"))
+    assert ddp == [plain, plain]
+    assert sum(zero) == plain and max(zero) < plain  # each parameter's state on one rank (whole tensors: uneven here)
+    n_tensors = 2 + 2 * 12 + 2  # wte (= lm_head), wpe; 12 in each of 2 Blocks; ln_f
+    assert sum(fsdp) == plain + 4 * n_tensors  # halves of every tensor; the 4-byte step count on both ranks
+    assert abs(fsdp[0] - fsdp[1]) <= 4 * n_tensors
+
+
+def test_recompute_is_the_same_run(runs):
+    log_dir = str(runs["tmp"] / "recompute")
+    one_process(runs["data"], log_dir, "--recompute")
+    assert read_log(log_dir) == read_log(str(runs["tmp"] / "one"))
+    assert max_weight_diff(weights(str(runs["tmp"] / "one")), weights(log_dir)) == 0  # bit-identical
+    assert torch.load(os.path.join(log_dir, "model_00005.pt"), weights_only=True)["args"]["recompute"] is True
+
+
+@pytest.mark.parametrize("mode", ["zero", "fsdp"])
+def test_sharded_checkpoints_resume_exactly_and_as_plain_runs(runs, mode):
+    tmp, straight = runs["tmp"], str(runs["tmp"] / mode)
+    ckpt = torch.load(os.path.join(straight, "model_00005.pt"), weights_only=True)
+    plain = torch.load(os.path.join(str(tmp / "one"), "model_00005.pt"), weights_only=True)
+    # the plain layout: the same keys, shapes and dtypes, the tied weight stored once, AdamW's groups
+    assert [(k, v.shape, v.dtype) for k, v in ckpt["model"].items()] == [(k, v.shape, v.dtype) for k, v in plain["model"].items()]
+    assert ckpt["model"]["lm_head.weight"].data_ptr() == ckpt["model"]["transformer.wte.weight"].data_ptr()
+    assert ckpt["optimizer"]["param_groups"] == plain["optimizer"]["param_groups"]
+    assert ckpt["optimizer"]["state"].keys() == plain["optimizer"]["state"].keys()
+    assert ckpt["args"]["zero" if mode == "zero" else "fsdp"] in (1, True)
+    # resumed in the same mode (the mode comes from the checkpoint's settings): the straight run's log
+    resumed = copy_run(straight, str(tmp / f"{mode}_resumed"), 2)
+    out = two_processes(runs["data"], resumed, "--resume")
+    assert "resuming from" in out
+    with open(os.path.join(straight, "log.txt")) as f, open(os.path.join(resumed, "log.txt")) as g:
+        assert g.read() == f.read()
+    assert max_weight_diff(weights(straight), weights(resumed)) == 0
+    # resumed by one process without torchrun: nothing to shard, a plain run from the same state
+    alone = copy_run(straight, str(tmp / f"{mode}_alone"), 2)
+    out = one_process(runs["data"], alone, "--resume")
+    assert "single process has nothing to shard" in out
+    assert_same_run(runs, alone)
+
+
+def test_sharded_checkpoints_load_in_the_other_scripts(runs, tmp_path, capsys):
+    zero_ckpt, fsdp_ckpt = (os.path.join(str(runs["tmp"] / m), "model_00005.pt") for m in ("zero", "fsdp"))
+    generate_tokens.main(["--checkpoint", fsdp_ckpt, "--device", "cpu", "--prompt", "Hello", "--num_samples", "1",
+                          "--max_new_tokens", "4"])
+    assert "Hello" in capsys.readouterr().out
+    generate_tokens.main(["--checkpoint", fsdp_ckpt, "--export_hf", str(tmp_path / "hf")])
+    assert os.path.isfile(str(tmp_path / "hf" / "config.json"))
+    hs = tmp_path / "hs.jsonl"
+    hs.write_text('{"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}\n')
+    assert hellaswag.main(["--checkpoint", zero_ckpt, "--data", str(hs), "--device", "cpu"])["total"] == 1
+
+
+@pytest.mark.parametrize("mode", [["--zero", "1"], ["--fsdp", "--recompute"]])
+def test_a_plain_checkpoint_resumes_sharded(runs, mode):
+    """One process's checkpoint continued by 2 processes under --zero 1, and under --fsdp with
+    activation checkpointing: the one-process run, up to rounding."""
+    log_dir = copy_run(str(runs["tmp"] / "one"), str(runs["tmp"] / f"one_to{mode[0]}"), 2)
+    out = two_processes(runs["data"], log_dir, "--resume", "--val_steps", "2", *mode)
+    assert f"{mode[0]} changes from" in out
+    assert_same_run(runs, log_dir, out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_of_one_process_each(runs):
+    """torchrun's multi-node rendezvous on localhost: two 'machines' of one process, one log dir."""
+    log_dir = str(runs["tmp"] / "nodes")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    endpoint = f"localhost:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+                               "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--nproc_per_node", "1", "train_gpt2.py",
+                               *TINY_FLAGS, "--data_dir", runs["data"], *RUN, "--log_dir", log_dir],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    writers = [out for out, _ in outs if "saved" in out]
+    assert len(writers) == 1  # global rank 0 alone logs and saves (both nodes have a LOCAL_RANK 0)
+    assert "world size 2" in writers[0]
+    assert_same_run(runs, log_dir, writers[0])
+
+
+def test_zero_and_fsdp_together_are_refused(shards, tmp_path):
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--zero", "1", "--fsdp"])
+    assert_one_line_error(result, "--zero 1 and --fsdp")
+    assert not (tmp_path / "log").exists()
