@@ -513,14 +513,96 @@ class DataLoaderLite:
         self.base = state["base"]
         self._advance_if_full()
 
+    def _span(self, start, n):
+        """Tokens [start, start + n) of the current shard's stream (read in order here)."""
+        return self.tokens[start : start + n]
+
     def next_batch(self):
         B, T = self.B, self.T
         start = self.base + B * T * self.rank
-        buf = torch.from_numpy(self.tokens[start : start + B * T + 1].astype(np.int64))
+        buf = torch.from_numpy(self._span(start, B * T + 1).astype(np.int64))
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
         self.base += B * T * self.world_size
         self._advance_if_full()
         return x, y
+
+
+def document_starts(tokens, chunk=1 << 24):
+    """Where a shard's documents start: at each <|endoftext|>, and at 0 (tokens before the first
+    <|endoftext|> are a document too; a shard without one is one document). Read in chunks, so a
+    100M-token shard never becomes one big temporary array."""
+    found = [np.flatnonzero(np.asarray(tokens[i : i + chunk]) == EOT_TOKEN) + i for i in range(0, len(tokens), chunk)]
+    starts = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), *[f.astype(np.int64) for f in found]]))
+    return starts.astype(np.uint32) if len(tokens) < 2**32 else starts  # kept per shard: 4 bytes a document
+
+
+def shuffle_rng(seed, epoch, *keys):
+    """The generator of one epoch's order. keys tell the shard order ((0,)) from a shard's document
+    order ((1, shard)); seeds of different lengths never collide, as trailing zeros would."""
+    return np.random.default_rng([seed, epoch, *keys])
+
+
+class ShuffledDataLoader(DataLoaderLite):
+    """DataLoaderLite over an order that changes every epoch: the training shards in a permutation
+    of (seed, epoch), and within each shard its documents in a permutation of (seed, epoch, shard),
+    read as one stream cut into the same (B, T) rank slices. A permuted shard is never built: the
+    batch gathers its tokens through the documents' (start, length) in permuted order. The state is
+    (epoch, position in the epoch's shard order, token offset in the permuted stream, seed), so a
+    resumed run continues at the same token with any world size or micro-batch; the permutation
+    itself is derived again from it. The shard order is over every shard of the split, short ones
+    included (then passed over), so it does not depend on the batch shape."""
+
+    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None, seed=0):
+        self.seed, self.starts = seed, {}
+        self.names = [os.path.basename(p) for p in list_shards(data_dir, split)]  # base __init__ calls reset()
+        super().__init__(data_dir, split, B, T, rank, world_size, warn)
+
+    def _enter(self, epoch, position):
+        """Load the shard at `position` of epoch's order, or the next one long enough for a batch."""
+        index = {os.path.basename(p): i for i, p in enumerate(self.shards)}
+        while True:
+            order = shuffle_rng(self.seed, epoch, 0).permutation(len(self.names))
+            while position < len(order) and self.names[order[position]] not in index:
+                position += 1
+            if position < len(order):
+                break
+            epoch, position = epoch + 1, 0
+        self.epoch, self.position, shard = epoch, position, int(order[position])
+        self._load(index[self.names[shard]])
+        if self.shard not in self.starts:
+            self.starts[self.shard] = document_starts(self.tokens)
+        starts = self.starts[self.shard].astype(np.int64)
+        lengths = np.diff(np.append(starts, len(self.tokens)))
+        perm = shuffle_rng(self.seed, epoch, 1, shard).permutation(len(starts))
+        self.doc_starts = starts[perm]  # source offset of the permuted stream's documents
+        self.doc_offsets = np.concatenate([[0], np.cumsum(lengths[perm])])  # where each begins in that stream
+
+    def _span(self, start, n):
+        pos = np.arange(start, start + n)
+        doc = np.searchsorted(self.doc_offsets, pos, side="right") - 1
+        return self.tokens[self.doc_starts[doc] + (pos - self.doc_offsets[doc])]
+
+    def _advance_if_full(self):
+        if self.base + self.B * self.T * self.world_size + 1 > len(self.tokens):
+            self._enter(self.epoch, self.position + 1)
+            self.base = 0
+
+    def reset(self):
+        self._enter(0, 0)
+        self.base = 0
+
+    def state_dict(self):
+        return {"shard": self.position, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard]),
+                "epoch": self.epoch, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        if "epoch" not in state:
+            raise KeyError("epoch (the checkpoint read its shards in fixed order)")
+        self.seed = state["seed"]
+        self._enter(state["epoch"], state["shard"])
+        # the saved shard may be too short for this run's batch (another world size): then at the next one's start
+        self.base = state["base"] if (self.epoch, self.position) == (state["epoch"], state["shard"]) else 0
+        self._advance_if_full()
 
 
 # -----------------------------------------------------------------------------
@@ -716,6 +798,9 @@ def build_parser():
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
+    g.add_argument("--no_shuffle", action="store_true",
+                   help="read the training shards and their documents in file order every epoch (build-nanogpt's order); "
+                        "default: both shuffled each epoch from --seed")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
     g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
     g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
@@ -734,14 +819,14 @@ def build_parser():
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation and the samples")
+    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--peak_tflops", type=float, default=None, help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     return p
 
 
 _UNSET = object()
 RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size")  # fixed for a run's life
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle")  # fixed for a run's life
 
 
 def parse_args(argv=None, saved_args=None):
@@ -765,6 +850,9 @@ def resume_args(argv, saved_args, master):
     """Resuming continues the same run: the checkpoint's settings, with what the command line
     changes printed. The shape and the batch cannot change."""
     args = parse_args(argv, saved_args)
+    if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
+        saved_args = {**saved_args, "no_shuffle": True}
+        args.no_shuffle = True
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
@@ -1115,7 +1203,7 @@ def train(args, ckpt=None, ckpt_path=None):
         if args.verify_data and master:
             verify_shards(args.data_dir)
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
-        train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
+        train_loader = training_loader(args, rank, world_size, warn)
         val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
 
         raw_model = build_model(args, ckpt, config)
@@ -1215,6 +1303,14 @@ def train(args, ckpt=None, ckpt_path=None):
     finally:
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def training_loader(args, rank, world_size, warn):
+    """The train split's loader: documents shuffled every epoch, or build-nanogpt's fixed order with
+    --no_shuffle. (Validation always reads the fixed order: the same batches at every evaluation.)"""
+    if args.no_shuffle:
+        return DataLoaderLite(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn)
+    return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
 
 
 def accumulation_steps(args, world_size):
