@@ -793,6 +793,10 @@ def build_parser():
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
     g.add_argument("--total_batch_size", type=int, default=524288, help="tokens per optimizer step; gradient accumulation makes it up")
     g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
+    g.add_argument("--batch_size_warmup_tokens", type=int, default=0,
+                   help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens (GPT-3); 0: off")
+    g.add_argument("--batch_size_start", type=int, default=None,
+                   help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size (default: one such micro-batch)")
     g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
     g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
@@ -1069,11 +1073,12 @@ def prune_checkpoints(log_dir, saved_step, keep):
         os.remove(path)
 
 
-def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type):
+def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, tokens=None):
     save_checkpoint(path, {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "step": step,
+        "tokens": (step + 1) * args.total_batch_size if tokens is None else tokens,  # trained on, up to and with this step
         "config": asdict(model.config),
         "loader": loader_state,
         "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
@@ -1198,6 +1203,7 @@ def train(args, ckpt=None, ckpt_path=None):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
         B, T = args.batch_size, args.seq_len
         grad_accum_steps = accumulation_steps(args, world_size)
+        check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if args.verify_data and master:
@@ -1212,10 +1218,11 @@ def train(args, ckpt=None, ckpt_path=None):
         raw_model.to(device)
         optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-        start_step = 0
+        start_step, tokens_seen = 0, 0
         if ckpt is not None:
             restore_run(ckpt, optimizer, scaler, train_loader, device_type)
             start_step = ckpt["step"] + 1
+            tokens_seen = ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else start_step * args.total_batch_size
             say(f"resuming from {ckpt_path} at step {start_step}")
             if master:
                 trim_log(log_file, ckpt["step"])
@@ -1236,6 +1243,9 @@ def train(args, ckpt=None, ckpt_path=None):
         say(f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}")
         say(f"model {raw_model.config} | {raw_model.num_params():,} parameters")
         say(f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps")
+        if args.batch_size_warmup_tokens:
+            say(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} tokens per step "
+                f"over the first {args.batch_size_warmup_tokens:,} tokens")
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
@@ -1243,7 +1253,7 @@ def train(args, ckpt=None, ckpt_path=None):
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
             if master:
-                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type)
+                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, tokens_seen)
                 if args.keep_checkpoints:
                     prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
                 say(f"saved {path}")
@@ -1269,8 +1279,9 @@ def train(args, ckpt=None, ckpt_path=None):
                 model.train()
                 t0 = time.time()
                 loader_state = train_loader.state_dict()
+                micro_steps = step_micro_batches(tokens_seen, args, world_size)
                 try:
-                    loss = accumulate_gradients(model, train_loader, grad_accum_steps, device, autocast, scaler, ddp)
+                    loss = accumulate_gradients(model, train_loader, micro_steps, device, autocast, scaler, ddp)
                 except BaseException as e:  # the weights are still those after the last step: keep that progress
                     if master and step > start_step and not (args.save_every and step % args.save_every == 0):
                         say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; --resume continues from there")
@@ -1284,8 +1295,10 @@ def train(args, ckpt=None, ckpt_path=None):
                 if device_type == "cuda":
                     torch.cuda.synchronize()
                 step_times.append(time.time() - t0)
+                step_tokens = micro_steps * B * T * world_size
+                tokens_seen += step_tokens
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
-                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite))
+                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite, step_tokens))
                 if master:
                     log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
                 bad_steps = 0 if finite else bad_steps + 1
@@ -1303,6 +1316,34 @@ def train(args, ckpt=None, ckpt_path=None):
     finally:
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def check_batch_warmup(args, world_size):
+    """Refuse a batch warm-up that cannot be made of whole micro-batches."""
+    micro = args.batch_size * args.seq_len * world_size
+    if not 0 <= args.batch_size_warmup_tokens < 2**63:
+        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: must be a whole number from 0 to 2**63-1")
+    if args.batch_size_start is None:
+        return
+    if not args.batch_size_warmup_tokens:
+        raise UserError(f"--batch_size_start {args.batch_size_start} needs --batch_size_warmup_tokens N > 0 (the tokens to ramp over)")
+    if not micro <= args.batch_size_start <= args.total_batch_size or args.batch_size_start % micro:
+        raise UserError(f"--batch_size_start {args.batch_size_start}: must be a multiple of batch_size*seq_len*world_size = "
+                        f"{args.batch_size}*{args.seq_len}*{world_size} = {micro} from {micro} to --total_batch_size {args.total_batch_size}")
+
+
+def step_micro_batches(tokens_seen, args, world_size):
+    """Micro-batches each process runs in the step that starts after tokens_seen tokens. With a batch
+    warm-up the step's batch grows linearly in tokens seen, from --batch_size_start to
+    --total_batch_size over --batch_size_warmup_tokens, rounded down to whole micro-batches of
+    batch_size*seq_len*world_size tokens (at least one); integer arithmetic, so every rank agrees."""
+    micro = args.batch_size * args.seq_len * world_size
+    full = args.total_batch_size // micro
+    if tokens_seen >= args.batch_size_warmup_tokens:
+        return full
+    start = args.batch_size_start or micro
+    target = start + (args.total_batch_size - start) * tokens_seen // args.batch_size_warmup_tokens
+    return max(1, min(full, target // micro))
 
 
 def training_loader(args, rank, world_size, warn):
@@ -1333,11 +1374,12 @@ def wrap_model(raw_model, use_compile, ddp, device_type, local_rank):
     return model, eval_model
 
 
-def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite):
-    tokens_per_sec = args.total_batch_size / dt
+def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite, tokens=None):
+    tokens_per_sec = (tokens or args.total_batch_size) / dt
     mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
     return (f"step {step:5d}/{args.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} | dt {dt * 1000:.2f}ms | "
             f"tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
+            + (f" | batch {tokens} tokens" if args.batch_size_warmup_tokens else "")
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
 

@@ -176,3 +176,66 @@ def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):
     assert a.keys() == b.keys() == set(range(7))
     for s in range(3, 7):  # the same data: equal up to the 2 ranks' sum order (the DDP test's bound)
         assert abs(a[s] - b[s]) < 1e-4, (s, a[s], b[s])
+
+
+# -----------------------------------------------------------------------------
+# Batch-size warm-up
+
+
+def ramp_tokens(steps, start, total, ramp, micro):
+    """Tokens of each step under the warm-up, from the rule stated in the issue: linear in tokens
+    seen from start to total over the first `ramp` tokens, floored to whole micro-batches, at least one."""
+    seen, out = 0, []
+    for _ in range(steps):
+        want = total if seen >= ramp else start + (total - start) * seen / ramp
+        tokens = micro * max(1, min(total // micro, int(want // micro)))
+        out.append(tokens)
+        seen += tokens
+    return out
+
+
+RAMP = ["--total_batch_size", "512", "--batch_size_warmup_tokens", "1000", "--batch_size_start", "128"]  # micro-batch 4 x 32
+
+
+def test_tokens_per_step_follow_the_ramp(shards, tmp_path, capsys):
+    log_dir = str(tmp_path / "log")
+    train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "7", "--eval_every", "0",
+                     "--save_every", "2", *RAMP])
+    want = ramp_tokens(7, 128, 512, 1000, 128)
+    assert want == [128, 128, 128, 256, 256, 384, 512]  # (the formula's values, for the reader)
+    out = capsys.readouterr().out
+    seen = [int(line.split("| batch ")[1].split()[0]) for line in out.splitlines() if "| batch " in line]
+    assert seen == want
+    for step in (1, 3, 5, 6):
+        ckpt = torch.load(os.path.join(log_dir, f"model_{step:05d}.pt"), weights_only=True)
+        # the tokens trained on, and the fixed-order loader's offset in its one 20000-token shard: the same
+        assert ckpt["tokens"] == ckpt["loader"]["base"] == sum(want[: step + 1])
+
+
+def test_resume_mid_ramp_equals_the_straight_run(shards, tmp_path):
+    run = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "6", "--eval_every", "3", "--save_every", "2", *RAMP]
+    train_gpt2.main([*run, "--log_dir", str(tmp_path / "straight")])
+    shutil.copytree(tmp_path / "straight", tmp_path / "cut")
+    for step in (3, 5):  # resume after step 1, at the ramp's start
+        os.remove(str(tmp_path / "cut" / f"model_{step:05d}.pt"))
+    train_gpt2.main([*run, "--log_dir", str(tmp_path / "cut"), "--resume"])
+    with open(tmp_path / "straight" / "log.txt") as f, open(tmp_path / "cut" / "log.txt") as g:
+        assert f.read() == g.read()
+    straight, cut = (torch.load(str(tmp_path / d / "model_00005.pt"), weights_only=True) for d in ("straight", "cut"))
+    assert straight["tokens"] == cut["tokens"] == sum(ramp_tokens(6, 128, 512, 1000, 128))
+    assert straight["loader"] == cut["loader"]
+
+
+@pytest.mark.parametrize("start,needle", [("1024", "to --total_batch_size 512"), ("64", "from 128"), ("200", "a multiple of")])
+def test_a_bad_batch_size_start_is_one_line(shards, tmp_path, start, needle):
+    argv = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--total_batch_size", "512",
+            "--batch_size_warmup_tokens", "1000", "--batch_size_start", start]
+    with pytest.raises(train_gpt2.UserError, match=f"--batch_size_start {start}: .*{needle}"):
+        train_gpt2.main(argv)
+    assert not os.listdir(tmp_path / "log")  # refused before any work
+
+
+def test_a_bad_batch_warmup_end_to_end(shards, tmp_path):
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
+                         "--batch_size_start", "256"])
+    assert_one_line_error(result, "--batch_size_start 256 needs --batch_size_warmup_tokens")
