@@ -814,6 +814,12 @@ def build_parser():
     g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
     g.add_argument("--save_every", type=int, default=5000, help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
     g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
+    g.add_argument("--wandb", default=None, metavar="PROJECT",
+                   help="also log the run's scalars to this Weights & Biases project (needs `pip install wandb`; WANDB_MODE=offline "
+                        "logs locally)")
+    g.add_argument("--wandb_id", default=None, help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --log_dir from its newest loadable checkpoint, with its settings (fresh start if none)")
     g.add_argument("--max_bad_steps", type=int, default=10, help="stop after this many non-finite steps in a row (each is skipped)")
@@ -1192,10 +1198,11 @@ def train(args, ckpt=None, ckpt_path=None):
     dtype = pick_dtype(args.dtype, device_type)
     if dtype == "fp16" and device_type != "cuda":
         raise UserError("--dtype fp16 trains with a CUDA GradScaler, so it needs a CUDA GPU; use bf16 or fp32")
-    use_compile = args.compile if args.compile is not None else device_type == "cuda"
     autocast = autocast_context(device_type, dtype)
     log_file = os.path.join(args.log_dir, "log.txt")
     say = console if master else (lambda *a, **k: None)
+    use_compile = choose_compile(args.compile, device, say)
+    track = Tracking()
     try:
         torch.manual_seed(args.seed)
         if device_type == "cuda":
@@ -1249,6 +1256,8 @@ def train(args, ckpt=None, ckpt_path=None):
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
+        if master:
+            track.open(args, start_step, resumed=ckpt is not None)
 
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
@@ -1267,12 +1276,14 @@ def train(args, ckpt=None, ckpt_path=None):
                     say(f"step {step:5d} | validation loss {val_loss:.4f}")
                     if master:
                         log_line(log_file, f"{step} val {val_loss:.4f}")
+                        track.log(step, {"val/loss": val_loss})
                 if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
                     with autocast:
                         result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=rank, world_size=world_size)
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
                     if master:
                         log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
+                        track.log(step, {"hellaswag/acc_norm": result["acc_norm"]})
                 if master and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
                     say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
@@ -1301,6 +1312,7 @@ def train(args, ckpt=None, ckpt_path=None):
                 say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite, step_tokens))
                 if master:
                     log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
+                    track.log(step, step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen, flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
@@ -1314,6 +1326,7 @@ def train(args, ckpt=None, ckpt_path=None):
                     break
         say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
     finally:
+        track.close()
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -1363,6 +1376,47 @@ def accumulation_steps(args, world_size):
     return args.total_batch_size // per_micro_step
 
 
+def compile_by_default(device_type):
+    """torch.compile is on unless asked otherwise where it pays off: CUDA GPUs."""
+    return device_type == "cuda"
+
+
+def _compile_probe(x):
+    return torch.sin(x) * 2 + 1
+
+
+def compile_problem(device):
+    """Why torch.compile cannot work on this device, or None. Compilation is lazy, so this compiles and
+    runs a one-line function there: the same Dynamo, Inductor and code-generation path (Triton on a
+    GPU, a C++ compiler on the CPU) the model's first forward takes, in a few seconds."""
+    try:
+        x = torch.linspace(-1, 1, 8, device=device)
+        if not torch.allclose(torch.compile(_compile_probe)(x), _compile_probe(x)):
+            return "the compiled code computes a wrong result"
+    except Exception as e:  # no Triton, no C compiler, a GPU its code generator does not support, ...
+        for _ in range(5):  # Dynamo wraps the backend's error: name the one underneath
+            inner = getattr(e, "inner_exception", None) or e.__cause__
+            if inner is None:
+                break
+            e = inner
+        return brief(e)
+    return None
+
+
+def choose_compile(asked, device, say):
+    """Whether to torch.compile the model. --compile that cannot work is an error; the default
+    (on for CUDA) that cannot work is said once, and the run goes on uncompiled."""
+    if not (asked if asked is not None else compile_by_default(device.split(":")[0])):
+        return False
+    problem = compile_problem(device)
+    if problem is None:
+        return True
+    if asked:
+        raise UserError(f"--compile: torch.compile does not work on {device} here ({problem}); run with --no_compile")
+    say(f"note: torch.compile does not work on {device} here ({problem}); running uncompiled (--no_compile skips this check)")
+    return False
+
+
 def wrap_model(raw_model, use_compile, ddp, device_type, local_rank):
     """(model to train, model to evaluate): compiled, and for training wrapped in DDP."""
     model = torch.compile(raw_model) if use_compile else raw_model
@@ -1372,6 +1426,67 @@ def wrap_model(raw_model, use_compile, ddp, device_type, local_rank):
 
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     return model, eval_model
+
+
+def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak):
+    """A step's numbers for TensorBoard / W&B."""
+    scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
+               "train/batch_tokens": tokens, "train/tokens": tokens_seen}
+    if peak:
+        scalars["train/mfu"] = 100 * flops_per_token * tokens / dt / peak
+    return scalars
+
+
+def check_tracking(args):
+    """--tensorboard / --wandb need optional packages: say which is missing before any work."""
+    import importlib.util
+
+    for flag, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(args, flag) and importlib.util.find_spec(package) is None:
+            raise UserError(f"--{flag} needs the {package} package, which is not installed; `pip install {package}`, or drop --{flag}")
+
+
+class Tracking:
+    """The run's scalars for TensorBoard and W&B, written by rank 0 beside log.txt. A resumed run
+    continues the same TensorBoard curves (events from the checkpoint's step on are purged) and the
+    same W&B run (its id is kept in the checkpoint's arguments)."""
+
+    def __init__(self):
+        self.tensorboard = self.wandb = None
+
+    def open(self, args, start_step, resumed):
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            try:
+                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if resumed else None)
+            except OSError as e:
+                raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); pick another folder") from None
+        if args.wandb:
+            import wandb
+
+            if not args.wandb_id:
+                args.wandb_id = os.urandom(6).hex()  # W&B's id alphabet; saved with the arguments in every checkpoint
+            try:
+                self.wandb = wandb.init(project=args.wandb, id=args.wandb_id, resume="allow",
+                                        config={k: v for k, v in vars(args).items() if k != "explicit"})
+            except Exception as e:
+                raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
+                                "or set WANDB_MODE=offline to log on this machine only") from None
+
+    def log(self, step, scalars):
+        if self.tensorboard is not None:
+            for name, value in scalars.items():
+                self.tensorboard.add_scalar(name, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self):
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.tensorboard = self.wandb = None
 
 
 def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite, tokens=None):
@@ -1445,6 +1560,7 @@ def main(argv=None):
         raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
                         "or choose another --log_dir (nothing was changed)")
     check_args(args)
+    check_tracking(args)
     try:
         os.makedirs(args.log_dir, exist_ok=True)
     except OSError as e:

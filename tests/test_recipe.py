@@ -4,6 +4,8 @@ tracking (TensorBoard, W&B) and the torch.compile fallback.
     python -m pytest -q tests/test_recipe.py
 """
 
+import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -239,3 +241,196 @@ def test_a_bad_batch_warmup_end_to_end(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
                          "--batch_size_start", "256"])
     assert_one_line_error(result, "--batch_size_start 256 needs --batch_size_warmup_tokens")
+
+
+# -----------------------------------------------------------------------------
+# Experiment tracking: TensorBoard and W&B (offline)
+
+HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+HAVE_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A 4-step run with every tracker that is installed, killed after step 1's checkpoint and resumed:
+    the folders of its log, TensorBoard events and offline W&B runs."""
+    if not (HAVE_TENSORBOARD or HAVE_WANDB):
+        pytest.skip("neither tensorboard nor wandb is installed (pip install tensorboard wandb)")
+    tmp = tmp_path_factory.mktemp("tracked")
+    shards = make_shards(str(tmp / "data"))
+    hella = str(tmp / "hellaswag.jsonl")
+    with open(hella, "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"ctx": f"Example {i}: a man", "endings": ["runs", "sits down", "eats", "sleeps"], "label": i}) + "\n")
+    dirs = {"log": str(tmp / "log"), "tensorboard": str(tmp / "tb"), "wandb": str(tmp / "wandb_dir")}
+    os.makedirs(dirs["wandb"])
+    flags = list(TINY_FLAGS)
+    flags[flags.index("--hellaswag_every") + 1] = "2"
+    cmd = ["train_gpt2.py", *flags, "--data_dir", shards, "--log_dir", dirs["log"], "--max_steps", "4", "--eval_every", "2",
+           "--save_every", "2", "--hellaswag_data", hella, "--peak_tflops", "1"]
+    if HAVE_TENSORBOARD:
+        cmd += ["--tensorboard", dirs["tensorboard"]]
+    if HAVE_WANDB:
+        cmd += ["--wandb", "recipe-test"]
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": dirs["wandb"], "WANDB_SILENT": "true"}
+    first = run_script(cmd, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    os.remove(os.path.join(dirs["log"], "model_00003.pt"))  # as if the run died after step 1's checkpoint
+    resumed = run_script([*cmd, "--resume"], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return dirs
+
+
+def assert_matches_log(series, log, decimals):
+    """Tracked values (float32 or float64) against log.txt's rounded ones, step for step."""
+    assert sorted(series) == sorted(log)
+    for step, value in series.items():
+        assert abs(value - log[step]) <= 0.5 * 10**-decimals + abs(log[step]) * 2**-23, (step, value, log[step])
+
+
+def check_step_scalars(scalars, log_dir):
+    """The scalars a step logs, against log.txt, the LR schedule and the MFU formula (peak 1 TFLOP/s)."""
+    log = read_log(log_dir)
+    assert_matches_log(scalars["train/loss"], log["train"], 6)
+    assert_matches_log(scalars["val/loss"], log["val"], 4)
+    assert_matches_log(scalars["hellaswag/acc_norm"], log["hella"], 4)
+    config = train_gpt2.GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
+    flops_per_token = train_gpt2.GPT(config).flops_per_token()
+    for step in range(4):
+        lr = train_gpt2.get_lr(step, 3e-3, 3e-4, 2, 4)
+        assert abs(scalars["train/lr"][step] - lr) <= lr * 2**-23
+        assert scalars["train/grad_norm"][step] > 0 and scalars["train/batch_tokens"][step] == 256
+        assert scalars["train/tokens"][step] == 256 * (step + 1)
+        tok_s = scalars["train/tokens_per_sec"][step]
+        assert tok_s > 0 and abs(scalars["train/mfu"][step] - 100 * flops_per_token * tok_s / 1e12) <= 1e-5 * scalars["train/mfu"][step]
+
+
+@pytest.mark.skipif(not HAVE_TENSORBOARD, reason="tensorboard is not installed (pip install tensorboard: an optional dependency)")
+def test_tensorboard_events_follow_the_run_through_a_resume(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    acc = EventAccumulator(tracked["tensorboard"])
+    acc.Reload()
+    scalars = {}
+    for tag in acc.Tags()["scalars"]:
+        events = acc.Scalars(tag)
+        assert len({e.step for e in events}) == len(events), tag  # each step once
+        scalars[tag] = {e.step: e.value for e in events}
+    check_step_scalars(scalars, tracked["log"])
+    # the resumed writer purges the first life's events from step 2 on (the checkpoint was step 1's)
+    files = sorted(os.listdir(tracked["tensorboard"]), key=lambda n: int(n.split(".")[3]))
+    assert len(files) == 2
+    starts = [e.step for e in EventFileLoader(os.path.join(tracked["tensorboard"], files[1])).Load()
+              if e.HasField("session_log") and e.session_log.status == e.session_log.START]
+    assert starts == [2]
+
+
+def wandb_records(path):
+    """The records of an offline W&B run file (a LevelDB-style log of protobuf records, 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b":W&B"
+    pos, block, part, out = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a record header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            pos += block - pos % block
+            continue
+        part += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            out.append(record)
+            part = b""
+    return out
+
+
+@pytest.mark.skipif(not HAVE_WANDB, reason="wandb is not installed (pip install wandb: an optional dependency)")
+def test_wandb_offline_run_is_continued_after_resume(tracked):
+    ckpt = torch.load(os.path.join(tracked["log"], "model_00001.pt"), weights_only=True)
+    run_id = ckpt["args"]["wandb_id"]
+    assert run_id
+    runs = sorted(glob.glob(os.path.join(tracked["wandb"], "wandb", "offline-run-*")))
+    assert len(runs) == 2 and all(r.endswith("-" + run_id) for r in runs)  # the resumed life logs into the same run
+    lives = []
+    for run in runs:
+        scalars = {}
+        for record in wandb_records(os.path.join(run, f"run-{run_id}.wandb")):
+            if record.WhichOneof("record_type") == "run":
+                assert record.run.run_id == run_id and record.run.project == "recipe-test"
+            if record.WhichOneof("record_type") == "history":
+                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                for key, value in items.items():
+                    if not key.startswith("_"):
+                        scalars.setdefault(key, {})[items["_step"]] = value
+        lives.append(scalars)
+    assert sorted(lives[0]["train/loss"]) == [0, 1, 2, 3] and sorted(lives[1]["train/loss"]) == [2, 3]
+    merged = {key: {**lives[0][key], **lives[1].get(key, {})} for key in lives[0]}  # as W&B shows a resumed run
+    check_step_scalars(merged, tracked["log"])
+
+
+def test_a_missing_tracking_package_is_one_line_before_any_work(shards, tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a))
+    for flag, value in (("--tensorboard", str(tmp_path / "tb")), ("--wandb", "project")):
+        with pytest.raises(train_gpt2.UserError, match=f"{flag} needs the {flag[2:]} package, which is not installed; `pip install"):
+            train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), flag, value])
+    assert not (tmp_path / "log").exists() and not (tmp_path / "tb").exists()
+
+
+# -----------------------------------------------------------------------------
+# torch.compile fallback
+
+EAGER_FLAGS = [f for f in TINY_FLAGS if f != "--no_compile"]  # neither --compile nor --no_compile: the default
+
+
+def test_default_compile_that_cannot_work_is_said_once_and_the_run_goes_on(shards, tmp_path, monkeypatch, capsys):
+    """The default asks for compilation (as on CUDA) where Inductor's code generation fails, as it does
+    without Triton or a C compiler: the real torch.compile and Dynamo, with the Inductor backend raising."""
+    import torch._dynamo
+    import torch._inductor.compile_fx
+
+    def no_backend(*args, **kwargs):
+        raise RuntimeError("Cannot find a working triton installation (made unavailable by the test)")
+
+    run = ["--data_dir", shards, "--max_steps", "2", "--eval_every", "1", "--save_every", "0"]
+    train_gpt2.main([*TINY_FLAGS, *run, "--log_dir", str(tmp_path / "eager")])
+    capsys.readouterr()
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", no_backend)
+    monkeypatch.setattr(train_gpt2, "compile_by_default", lambda device_type: True)
+    torch._dynamo.reset()
+    try:
+        train_gpt2.main([*EAGER_FLAGS, *run, "--log_dir", str(tmp_path / "fallback")])
+    finally:
+        torch._dynamo.reset()
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "torch.compile does not work" in line]
+    assert len(notes) == 1 and "Cannot find a working triton installation" in notes[0] and "running uncompiled" in notes[0]
+    assert "compile False" in out
+    with open(tmp_path / "eager" / "log.txt") as f, open(tmp_path / "fallback" / "log.txt") as g:
+        assert f.read() == g.read()
+
+
+def test_explicit_compile_that_cannot_work_is_one_line(shards, tmp_path, monkeypatch):
+    def lazy_failure(model, *args, **kwargs):  # torch.compile compiles at the first call, and fails there
+        def first_call(*a, **k):
+            raise RuntimeError("Cannot find a working triton installation (made unavailable by the test)")
+        return first_call
+
+    monkeypatch.setattr(torch, "compile", lazy_failure)
+    with pytest.raises(train_gpt2.UserError, match=r"^--compile: torch.compile does not work on cpu here \(RuntimeError: Cannot find "
+                                                   r"a working triton installation .*\); run with --no_compile$"):
+        train_gpt2.main([*EAGER_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--compile"])
+    assert not os.listdir(tmp_path / "log")
+    # an explicit --no_compile never probes
+    monkeypatch.setattr(train_gpt2, "compile_problem", lambda device: pytest.fail("probed"))
+    assert train_gpt2.choose_compile(False, "cuda", print) is False
