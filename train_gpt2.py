@@ -646,14 +646,96 @@ class DataLoaderLite:
         self.base = state["base"]
         self._advance_if_full()
 
+    def _span(self, start, n):
+        """Tokens [start, start + n) of the current shard's stream (read in order here)."""
+        return self.tokens[start : start + n]
+
     def next_batch(self):
         B, T = self.B, self.T
         start = self.base + B * T * self.rank
-        buf = torch.from_numpy(self.tokens[start : start + B * T + 1].astype(np.int64))
+        buf = torch.from_numpy(self._span(start, B * T + 1).astype(np.int64))
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
         self.base += B * T * self.world_size
         self._advance_if_full()
         return x, y
+
+
+def document_starts(tokens, chunk=1 << 24):
+    """Where a shard's documents start: at each <|endoftext|>, and at 0 (tokens before the first
+    <|endoftext|> are a document too; a shard without one is one document). Read in chunks, so a
+    100M-token shard never becomes one big temporary array."""
+    found = [np.flatnonzero(np.asarray(tokens[i : i + chunk]) == EOT_TOKEN) + i for i in range(0, len(tokens), chunk)]
+    starts = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), *[f.astype(np.int64) for f in found]]))
+    return starts.astype(np.uint32) if len(tokens) < 2**32 else starts  # kept per shard: 4 bytes a document
+
+
+def shuffle_rng(seed, epoch, *keys):
+    """The generator of one epoch's order. keys tell the shard order ((0,)) from a shard's document
+    order ((1, shard)); seeds of different lengths never collide, as trailing zeros would."""
+    return np.random.default_rng([seed, epoch, *keys])
+
+
+class ShuffledDataLoader(DataLoaderLite):
+    """DataLoaderLite over an order that changes every epoch: the training shards in a permutation
+    of (seed, epoch), and within each shard its documents in a permutation of (seed, epoch, shard),
+    read as one stream cut into the same (B, T) rank slices. A permuted shard is never built: the
+    batch gathers its tokens through the documents' (start, length) in permuted order. The state is
+    (epoch, position in the epoch's shard order, token offset in the permuted stream, seed), so a
+    resumed run continues at the same token with any world size or micro-batch; the permutation
+    itself is derived again from it. The shard order is over every shard of the split, short ones
+    included (then passed over), so it does not depend on the batch shape."""
+
+    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None, seed=0):
+        self.seed, self.starts = seed, {}
+        self.names = [os.path.basename(p) for p in list_shards(data_dir, split)]  # base __init__ calls reset()
+        super().__init__(data_dir, split, B, T, rank, world_size, warn)
+
+    def _enter(self, epoch, position):
+        """Load the shard at `position` of epoch's order, or the next one long enough for a batch."""
+        index = {os.path.basename(p): i for i, p in enumerate(self.shards)}
+        while True:
+            order = shuffle_rng(self.seed, epoch, 0).permutation(len(self.names))
+            while position < len(order) and self.names[order[position]] not in index:
+                position += 1
+            if position < len(order):
+                break
+            epoch, position = epoch + 1, 0
+        self.epoch, self.position, shard = epoch, position, int(order[position])
+        self._load(index[self.names[shard]])
+        if self.shard not in self.starts:
+            self.starts[self.shard] = document_starts(self.tokens)
+        starts = self.starts[self.shard].astype(np.int64)
+        lengths = np.diff(np.append(starts, len(self.tokens)))
+        perm = shuffle_rng(self.seed, epoch, 1, shard).permutation(len(starts))
+        self.doc_starts = starts[perm]  # source offset of the permuted stream's documents
+        self.doc_offsets = np.concatenate([[0], np.cumsum(lengths[perm])])  # where each begins in that stream
+
+    def _span(self, start, n):
+        pos = np.arange(start, start + n)
+        doc = np.searchsorted(self.doc_offsets, pos, side="right") - 1
+        return self.tokens[self.doc_starts[doc] + (pos - self.doc_offsets[doc])]
+
+    def _advance_if_full(self):
+        if self.base + self.B * self.T * self.world_size + 1 > len(self.tokens):
+            self._enter(self.epoch, self.position + 1)
+            self.base = 0
+
+    def reset(self):
+        self._enter(0, 0)
+        self.base = 0
+
+    def state_dict(self):
+        return {"shard": self.position, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard]),
+                "epoch": self.epoch, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        if "epoch" not in state:
+            raise KeyError("epoch (the checkpoint read its shards in fixed order)")
+        self.seed = state["seed"]
+        self._enter(state["epoch"], state["shard"])
+        # the saved shard may be too short for this run's batch (another world size): then at the next one's start
+        self.base = state["base"] if (self.epoch, self.position) == (state["epoch"], state["shard"]) else 0
+        self._advance_if_full()
 
 
 # -----------------------------------------------------------------------------
@@ -854,11 +936,18 @@ def build_parser():
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
     g.add_argument("--total_batch_size", type=int, default=524288, help="tokens per optimizer step; gradient accumulation makes it up")
     g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
+    g.add_argument("--batch_size_warmup_tokens", type=int, default=0,
+                   help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens (GPT-3); 0: off")
+    g.add_argument("--batch_size_start", type=int, default=None,
+                   help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size (default: one such micro-batch)")
     g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
     g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
+    g.add_argument("--no_shuffle", action="store_true",
+                   help="read the training shards and their documents in file order every epoch (build-nanogpt's order); "
+                        "default: both shuffled each epoch from --seed")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
     g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
     g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
@@ -868,6 +957,12 @@ def build_parser():
     g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
     g.add_argument("--save_every", type=int, default=5000, help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
     g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
+    g.add_argument("--wandb", default=None, metavar="PROJECT",
+                   help="also log the run's scalars to this Weights & Biases project (needs `pip install wandb`; WANDB_MODE=offline "
+                        "logs locally)")
+    g.add_argument("--wandb_id", default=None, help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --log_dir from its newest loadable checkpoint, with its settings (fresh start if none)")
     g.add_argument("--max_bad_steps", type=int, default=10, help="stop after this many non-finite steps in a row (each is skipped)")
@@ -877,7 +972,7 @@ def build_parser():
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation and the samples")
+    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
                    help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + cross-entropy head "
                         "that never holds the (batch, vocab) logits (less memory and traffic)")
@@ -896,7 +991,7 @@ def build_parser():
 
 _UNSET = object()
 RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size")  # fixed for a run's life
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle")  # fixed for a run's life
 
 
 def parse_args(argv=None, saved_args=None):
@@ -920,6 +1015,9 @@ def resume_args(argv, saved_args, master):
     """Resuming continues the same run: the checkpoint's settings, with what the command line
     changes printed. The shape and the batch cannot change."""
     args = parse_args(argv, saved_args)
+    if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
+        saved_args = {**saved_args, "no_shuffle": True}
+        args.no_shuffle = True
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
@@ -1291,13 +1389,14 @@ def prune_checkpoints(log_dir, saved_step, keep):
         os.remove(path)
 
 
-def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None):
+def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None, tokens=None):
     """states: (model state, optimizer state) gathered by full_state_dicts under --zero 1 / --fsdp."""
     model_state, optimizer_state = states if states is not None else (model.state_dict(), optimizer.state_dict())
     save_checkpoint(path, {
         "model": model_state,
         "optimizer": optimizer_state,
         "step": step,
+        "tokens": (step + 1) * args.total_batch_size if tokens is None else tokens,  # trained on, up to and with this step
         "config": asdict(model.config),
         "loader": loader_state,
         "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
@@ -1425,10 +1524,11 @@ def train(args, ckpt=None, ckpt_path=None):
     dtype = pick_dtype(args.dtype, device_type)
     if dtype == "fp16" and device_type != "cuda":
         raise UserError("--dtype fp16 trains with a CUDA GradScaler, so it needs a CUDA GPU; use bf16 or fp32")
-    use_compile = args.compile if args.compile is not None else device_type == "cuda"
     autocast = autocast_context(device_type, dtype)
     log_file = os.path.join(args.log_dir, "log.txt")
     say = console if master else (lambda *a, **k: None)
+    use_compile = choose_compile(args.compile, device, say)
+    track = Tracking()
     try:
         torch.manual_seed(args.seed)
         if device_type == "cuda":
@@ -1436,12 +1536,13 @@ def train(args, ckpt=None, ckpt_path=None):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
         B, T = args.batch_size, args.seq_len
         grad_accum_steps = accumulation_steps(args, world_size)
+        check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         if args.verify_data and master:
             verify_shards(args.data_dir)
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
-        train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
+        train_loader = training_loader(args, rank, world_size, warn)
         val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
 
         raw_model = build_model(args, ckpt, config)
@@ -1455,10 +1556,11 @@ def train(args, ckpt=None, ckpt_path=None):
             shard_model(raw_model, dtype, device_type, use_compile)
         optimizer = build_optimizer(raw_model, args, device_type, zero)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-        start_step = 0
+        start_step, tokens_seen = 0, 0
         if ckpt is not None:
             restore_run(ckpt, optimizer, scaler, train_loader, device_type, raw_model if fsdp else None)
             start_step = ckpt["step"] + 1
+            tokens_seen = ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else start_step * args.total_batch_size
             say(f"resuming from {ckpt_path} at step {start_step}")
             if master:
                 trim_log(log_file, ckpt["step"])
@@ -1479,15 +1581,20 @@ def train(args, ckpt=None, ckpt_path=None):
         say(f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}")
         say(f"model {raw_model.config} | {raw_model.num_params():,} parameters")
         say(f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps")
+        if args.batch_size_warmup_tokens:
+            say(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} tokens per step "
+                f"over the first {args.batch_size_warmup_tokens:,} tokens")
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
+        if master:
+            track.open(args, start_step, resumed=ckpt is not None)
 
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
             states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)  # under --zero 1 / --fsdp every rank takes part
             if master:
-                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states)
+                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen)
                 if args.keep_checkpoints:
                     prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
                 say(f"saved {path}")
@@ -1501,6 +1608,7 @@ def train(args, ckpt=None, ckpt_path=None):
                     say(f"step {step:5d} | validation loss {val_loss:.4f}")
                     if master:
                         log_line(log_file, f"{step} val {val_loss:.4f}")
+                        track.log(step, {"val/loss": val_loss})
                 if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
                     with autocast:  # under --fsdp every rank scores every example: each forward needs all ranks
                         result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=0 if fsdp else rank,
@@ -1508,14 +1616,16 @@ def train(args, ckpt=None, ckpt_path=None):
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
                     if master:
                         log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
+                        track.log(step, {"hellaswag/acc_norm": result["acc_norm"]})
                 if (master or fsdp) and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
                     say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
                 model.train()
                 t0 = time.time()
                 loader_state = train_loader.state_dict()
+                micro_steps = step_micro_batches(tokens_seen, args, world_size)
                 try:
-                    loss = accumulate_gradients(model, train_loader, grad_accum_steps, device, autocast, scaler, ddp)
+                    loss = accumulate_gradients(model, train_loader, micro_steps, device, autocast, scaler, ddp)
                 except BaseException as e:  # the weights are still those after the last step: keep that progress
                     # (sharded state cannot be gathered while other ranks may be failing: --resume takes the last checkpoint)
                     if master and step > start_step and not (args.save_every and step % args.save_every == 0) and not (zero or fsdp):
@@ -1530,10 +1640,13 @@ def train(args, ckpt=None, ckpt_path=None):
                 if device_type == "cuda":
                     torch.cuda.synchronize()
                 step_times.append(time.time() - t0)
+                step_tokens = micro_steps * B * T * world_size
+                tokens_seen += step_tokens
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
-                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite))
+                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite, step_tokens))
                 if master:
                     log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
+                    track.log(step, step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen, flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
@@ -1549,8 +1662,45 @@ def train(args, ckpt=None, ckpt_path=None):
             say(optimizer_state_line(optimizer, world_size, device))
         say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
     finally:
+        track.close()
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def check_batch_warmup(args, world_size):
+    """Refuse a batch warm-up that cannot be made of whole micro-batches."""
+    micro = args.batch_size * args.seq_len * world_size
+    if not 0 <= args.batch_size_warmup_tokens < 2**63:
+        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: must be a whole number from 0 to 2**63-1")
+    if args.batch_size_start is None:
+        return
+    if not args.batch_size_warmup_tokens:
+        raise UserError(f"--batch_size_start {args.batch_size_start} needs --batch_size_warmup_tokens N > 0 (the tokens to ramp over)")
+    if not micro <= args.batch_size_start <= args.total_batch_size or args.batch_size_start % micro:
+        raise UserError(f"--batch_size_start {args.batch_size_start}: must be a multiple of batch_size*seq_len*world_size = "
+                        f"{args.batch_size}*{args.seq_len}*{world_size} = {micro} from {micro} to --total_batch_size {args.total_batch_size}")
+
+
+def step_micro_batches(tokens_seen, args, world_size):
+    """Micro-batches each process runs in the step that starts after tokens_seen tokens. With a batch
+    warm-up the step's batch grows linearly in tokens seen, from --batch_size_start to
+    --total_batch_size over --batch_size_warmup_tokens, rounded down to whole micro-batches of
+    batch_size*seq_len*world_size tokens (at least one); integer arithmetic, so every rank agrees."""
+    micro = args.batch_size * args.seq_len * world_size
+    full = args.total_batch_size // micro
+    if tokens_seen >= args.batch_size_warmup_tokens:
+        return full
+    start = args.batch_size_start or micro
+    target = start + (args.total_batch_size - start) * tokens_seen // args.batch_size_warmup_tokens
+    return max(1, min(full, target // micro))
+
+
+def training_loader(args, rank, world_size, warn):
+    """The train split's loader: documents shuffled every epoch, or build-nanogpt's fixed order with
+    --no_shuffle. (Validation always reads the fixed order: the same batches at every evaluation.)"""
+    if args.no_shuffle:
+        return DataLoaderLite(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn)
+    return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
 
 
 def accumulation_steps(args, world_size):
@@ -1560,6 +1710,47 @@ def accumulation_steps(args, world_size):
         raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
                         f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; pick a multiple")
     return args.total_batch_size // per_micro_step
+
+
+def compile_by_default(device_type):
+    """torch.compile is on unless asked otherwise where it pays off: CUDA GPUs."""
+    return device_type == "cuda"
+
+
+def _compile_probe(x):
+    return torch.sin(x) * 2 + 1
+
+
+def compile_problem(device):
+    """Why torch.compile cannot work on this device, or None. Compilation is lazy, so this compiles and
+    runs a one-line function there: the same Dynamo, Inductor and code-generation path (Triton on a
+    GPU, a C++ compiler on the CPU) the model's first forward takes, in a few seconds."""
+    try:
+        x = torch.linspace(-1, 1, 8, device=device)
+        if not torch.allclose(torch.compile(_compile_probe)(x), _compile_probe(x)):
+            return "the compiled code computes a wrong result"
+    except Exception as e:  # no Triton, no C compiler, a GPU its code generator does not support, ...
+        for _ in range(5):  # Dynamo wraps the backend's error: name the one underneath
+            inner = getattr(e, "inner_exception", None) or e.__cause__
+            if inner is None:
+                break
+            e = inner
+        return brief(e)
+    return None
+
+
+def choose_compile(asked, device, say):
+    """Whether to torch.compile the model. --compile that cannot work is an error; the default
+    (on for CUDA) that cannot work is said once, and the run goes on uncompiled."""
+    if not (asked if asked is not None else compile_by_default(device.split(":")[0])):
+        return False
+    problem = compile_problem(device)
+    if problem is None:
+        return True
+    if asked:
+        raise UserError(f"--compile: torch.compile does not work on {device} here ({problem}); run with --no_compile")
+    say(f"note: torch.compile does not work on {device} here ({problem}); running uncompiled (--no_compile skips this check)")
+    return False
 
 
 def wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp=False):
@@ -1575,11 +1766,73 @@ def wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp=False)
     return model, eval_model
 
 
-def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite):
-    tokens_per_sec = args.total_batch_size / dt
+def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak):
+    """A step's numbers for TensorBoard / W&B."""
+    scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
+               "train/batch_tokens": tokens, "train/tokens": tokens_seen}
+    if peak:
+        scalars["train/mfu"] = 100 * flops_per_token * tokens / dt / peak
+    return scalars
+
+
+def check_tracking(args):
+    """--tensorboard / --wandb need optional packages: say which is missing before any work."""
+    import importlib.util
+
+    for flag, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if getattr(args, flag) and importlib.util.find_spec(package) is None:
+            raise UserError(f"--{flag} needs the {package} package, which is not installed; `pip install {package}`, or drop --{flag}")
+
+
+class Tracking:
+    """The run's scalars for TensorBoard and W&B, written by rank 0 beside log.txt. A resumed run
+    continues the same TensorBoard curves (events from the checkpoint's step on are purged) and the
+    same W&B run (its id is kept in the checkpoint's arguments)."""
+
+    def __init__(self):
+        self.tensorboard = self.wandb = None
+
+    def open(self, args, start_step, resumed):
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            try:
+                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if resumed else None)
+            except OSError as e:
+                raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); pick another folder") from None
+        if args.wandb:
+            import wandb
+
+            if not args.wandb_id:
+                args.wandb_id = os.urandom(6).hex()  # W&B's id alphabet; saved with the arguments in every checkpoint
+            try:
+                self.wandb = wandb.init(project=args.wandb, id=args.wandb_id, resume="allow",
+                                        config={k: v for k, v in vars(args).items() if k != "explicit"})
+            except Exception as e:
+                raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
+                                "or set WANDB_MODE=offline to log on this machine only") from None
+
+    def log(self, step, scalars):
+        if self.tensorboard is not None:
+            for name, value in scalars.items():
+                self.tensorboard.add_scalar(name, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self):
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.tensorboard = self.wandb = None
+
+
+def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite, tokens=None):
+    tokens_per_sec = (tokens or args.total_batch_size) / dt
     mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
     return (f"step {step:5d}/{args.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} | dt {dt * 1000:.2f}ms | "
             f"tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
+            + (f" | batch {tokens} tokens" if args.batch_size_warmup_tokens else "")
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
 
@@ -1646,6 +1899,7 @@ def main(argv=None):
                         "or choose another --log_dir (nothing was changed)")
     check_args(args)
     check_scale_args(args)
+    check_tracking(args)
     try:
         os.makedirs(args.log_dir, exist_ok=True)
     except OSError as e:

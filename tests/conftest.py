@@ -35,7 +35,8 @@ def make_shards(data_dir, val_tokens=4096, train_tokens=(20000,), seed=0, random
 # flags of a few-second CPU run of a very small model
 TINY_FLAGS = ["--model", "tiny", "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--seq_len", "32", "--batch_size", "4",
               "--total_batch_size", "256", "--warmup_steps", "2", "--max_lr", "3e-3", "--val_steps", "2",
-              "--hellaswag_every", "0", "--sample_every", "0", "--device", "cpu", "--dtype", "fp32", "--no_compile"]
+              "--hellaswag_every", "0", "--sample_every", "0", "--device", "cpu", "--dtype", "fp32", "--no_compile",
+              "--no_shuffle"]
 
 
 def read_log(log_dir):
