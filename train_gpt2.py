@@ -1527,7 +1527,6 @@ def train(args, ckpt=None, ckpt_path=None):
     autocast = autocast_context(device_type, dtype)
     log_file = os.path.join(args.log_dir, "log.txt")
     say = console if master else (lambda *a, **k: None)
-    use_compile = choose_compile(args.compile, device, say)
     track = Tracking()
     try:
         torch.manual_seed(args.seed)
@@ -1544,6 +1543,7 @@ def train(args, ckpt=None, ckpt_path=None):
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
         train_loader = training_loader(args, rank, world_size, warn)
         val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
+        use_compile = choose_compile(args.compile, device, say)
 
         raw_model = build_model(args, ckpt, config)
         if T > raw_model.config.block_size:

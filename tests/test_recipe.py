@@ -237,6 +237,20 @@ def test_a_bad_batch_size_start_is_one_line(shards, tmp_path, start, needle):
     assert not os.listdir(tmp_path / "log")  # refused before any work
 
 
+@pytest.mark.parametrize("value", ["-1", str(2**63), "1.5", "x"])
+def test_bad_batch_warmup_tokens_are_refused(shards, tmp_path, value, capsys):
+    argv = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--batch_size_warmup_tokens", value]
+    try:
+        train_gpt2.main(argv)
+    except train_gpt2.UserError as e:
+        assert f"--batch_size_warmup_tokens {value}: must be a whole number" in str(e)
+    except SystemExit as e:  # argparse: one line on stderr
+        assert e.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    else:
+        raise AssertionError("accepted")
+    assert not (tmp_path / "log").exists() or not os.listdir(tmp_path / "log")
+
+
 def test_a_bad_batch_warmup_end_to_end(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
                          "--batch_size_start", "256"])
