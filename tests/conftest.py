@@ -91,3 +91,50 @@ def torchrun(nproc, *args):
 @pytest.fixture
 def shards(tmp_path):
     return make_shards(str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy 2-core machine its waiting makes
+    each op up to 100x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def fineweb_cli(capsys, *argv):
+    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
+    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
+    import common
+    import fineweb
+
+    capsys.readouterr()
+    code = 0
+    try:
+        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_cli_error(result, *needles):
+    """fineweb_cli's result is a user error: exit 2, one `error:` line naming the needles, no traceback."""
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def peaked_tiny_gpt(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32):
+    """A tiny GPT in eval mode whose logits have clear winners: at init (std 0.02) they are nearly tied,
+    so rounding could flip an argmax; scaling the matrices x15 separates them."""
+    torch.manual_seed(seed)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(15)
+    return model.eval()

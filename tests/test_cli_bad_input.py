@@ -24,12 +24,17 @@ HUGE = str(2**63)
 DEVICES = ["", "nan", "gpu", "tpu:0", "/tmp"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def replace_flag(argv, flag, value):
+    """argv with flag set to value: replaced where it is given, appended where not."""
+    argv = list(argv)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
 
 
 def snapshot(root):
@@ -188,12 +193,7 @@ def test_hellaswag_bad_input_table(files, capsys, monkeypatch):
     good = ["--checkpoint", f["good"], "--data", f["data"], "--device", "cpu"]
 
     def with_flag(flag, value, base=good):
-        argv = list(base)
-        if flag in argv:
-            argv[argv.index(flag) + 1] = value
-        else:
-            argv += [flag, value]
-        return argv
+        return replace_flag(base, flag, value)
 
     cases = []
     for flag in ("--batch_size", "--limit"):
@@ -249,12 +249,7 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
     good = ["--checkpoint", f["good"], "--device", "cpu", "--prompt", "Hi", "--max_new_tokens", "2", "--num_samples", "1"]
 
     def with_flag(flag, value, base=good):
-        argv = list(base)
-        if flag in argv:
-            argv[argv.index(flag) + 1] = value
-        else:
-            argv += [flag, value]
-        return argv
+        return replace_flag(base, flag, value)
 
     occupied = tmp_path / "occupied"
     occupied.mkdir()

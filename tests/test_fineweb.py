@@ -10,10 +10,9 @@ import signal
 import numpy as np
 import pytest
 
-import common
 import fineweb
 import train_gpt2
-from conftest import ROOT, assert_one_line_error, run_script
+from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
 EOT = 50256
 SMALL_CHUNK = 64  # characters per piece/chunk in these tests, so documents get split and chunks are many
@@ -282,25 +281,6 @@ def test_other_arguments_are_refused_and_overwrite_starts_over(tmp_path):
     check_shards(out, docs, 1000)  # and the old, higher-numbered shards are gone
 
 
-def cli(capsys, *argv):
-    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
-    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
-    capsys.readouterr()
-    code = 0
-    try:
-        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_error(result, *needles):
-    code, _, err = result
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
@@ -339,7 +319,7 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     for i, (case, (flags, needles)) in enumerate(cases.items()):
         out = ["--output_dir", str(d / f"out{i}")] if "--output_dir" not in flags else []
         try:
-            assert_error(cli(capsys, "--num_proc", "2", *flags, *out), *needles)
+            assert_cli_error(fineweb_cli(capsys, "--num_proc", "2", *flags, *out), *needles)
         except AssertionError as e:
             raise AssertionError(f"{case}: {e}") from None
         # nothing half-made left behind

@@ -23,7 +23,7 @@ import pytest
 import common
 import fineweb
 import train_gpt2
-from conftest import ROOT
+from conftest import ROOT, assert_cli_error, fineweb_cli
 
 
 def austen(start, length):
@@ -31,25 +31,6 @@ def austen(start, length):
         return f.read()[start : start + length]
 
 
-def cli(capsys, *argv):
-    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
-    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
-    capsys.readouterr()
-    code = 0
-    try:
-        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_error(result, *needles):
-    code, _, err = result
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def read_manifest(d):
@@ -88,22 +69,22 @@ def test_changed_input_is_refused(tmp_path, capsys):
     big.write_text(text, encoding="utf-8")
     out = tmp_path / "out"
     cmd = ["--input", big, "--output_dir", out, "--shard_size", "1000", "--max_shards", "2", "--num_proc", "1"]
-    assert cli(capsys, *cmd)[0] == 0
+    assert fineweb_cli(capsys, *cmd)[0] == 0
     before = snapshot(out)
     assert len(read_manifest(out)["shards"]) == 2
     # the same bytes written again (a new mtime) is the same input: nothing to do
     stat = os.stat(big)
     big.write_text(text, encoding="utf-8")
-    assert cli(capsys, *cmd)[0] == 0 and snapshot(out) == before
+    assert fineweb_cli(capsys, *cmd)[0] == 0 and snapshot(out) == before
     # 10 bytes overwritten in place: same size, and the old mtime put back, so only the content tells
     with open(big, "r+b") as f:
         f.seek(len(text) // 2)
         f.write(b"0123456789")
     os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     for flags in (cmd, cmd[:-4] + ["--num_proc", "1"]):  # the same command, and one that would go on
-        assert_error(cli(capsys, *flags), f"--input {big} changed", "--overwrite")
+        assert_cli_error(fineweb_cli(capsys, *flags), f"--input {big} changed", "--overwrite")
         assert snapshot(out) == before
-    assert cli(capsys, *cmd[:-4], "--num_proc", "1", "--overwrite")[0] == 0
+    assert fineweb_cli(capsys, *cmd[:-4], "--num_proc", "1", "--overwrite")[0] == 0
     new = text[: len(text) // 2] + "0123456789" + text[len(text) // 2 + 10 :]
     check_tokens(out, [new], 1000)
 
@@ -158,7 +139,7 @@ def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
     finally:
         proc.kill()
     assert proc.returncode == 2, stdout + stderr
-    assert_error((proc.returncode, stdout, stderr), "tokenizer process died", "run the same command again")
+    assert_cli_error((proc.returncode, stdout, stderr), "tokenizer process died", "run the same command again")
     m = read_manifest(out)
     assert not m["complete"] and 1 <= len(m["shards"]) < 15
     assert "Traceback" not in stdout
@@ -334,7 +315,7 @@ def test_bad_input(case, files, tmp_path, monkeypatch, capsys):
         setup[0](monkeypatch, d, out, new)
     target = argv[len(argv) - argv[::-1].index("--output_dir")]
     before, before_target = snapshot(out), snapshot(target)
-    assert_error(cli(capsys, *argv), *needles)
+    assert_cli_error(fineweb_cli(capsys, *argv), *needles)
     monkeypatch.undo()
     after = snapshot(target)
     assert snapshot(out) == before and all(after.get(name) == data for name, data in before_target.items())  # nothing changed
@@ -358,7 +339,7 @@ def test_small_last_shard_is_warned_about(tmp_path, capsys):
     text = austen(0, 700000)
     (tmp_path / "book.txt").write_text(text, encoding="utf-8")
     out = str(tmp_path / "out")
-    code, stdout, err = cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", out, "--shard_size", "80000", "--num_proc", "2")
+    code, stdout, err = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", out, "--shard_size", "80000", "--num_proc", "2")
     m = read_manifest(out)
     warning = [ln for ln in stdout.splitlines() if ln.startswith("warning:")]
     assert code == 0 and err == "" and len(m["shards"]) == 3 and len(warning) == 1 and m["shards"][-1]["name"] in warning[0]
@@ -366,7 +347,7 @@ def test_small_last_shard_is_warned_about(tmp_path, capsys):
     defaults = train_gpt2.build_parser().parse_args([])
     assert m["shards"][-1]["tokens"] < defaults.batch_size * defaults.seq_len + 1 <= m["shards"][-2]["tokens"]
     # and it is not given when the shards are all small by choice
-    code, stdout, _ = cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
+    code, stdout, _ = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
     assert code == 0 and "warning" not in stdout
 
 
@@ -378,7 +359,7 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
     (tmp_path / "book.txt").write_text(austen(0, 200000), encoding="utf-8")
     size = os.path.getsize(tmp_path / "book.txt")
     flags = ["--input", tmp_path / "book.txt", "--shard_size", "20000", "--num_proc", "1"]
-    assert cli(capsys, *flags, "--output_dir", tmp_path / "quiet")[2] == ""  # stderr is no terminal here: no bar
+    assert fineweb_cli(capsys, *flags, "--output_dir", tmp_path / "quiet")[2] == ""  # stderr is no terminal here: no bar
     monkeypatch.setattr(sys, "stderr", Terminal())
     fineweb.main([str(f) for f in flags] + ["--output_dir", str(tmp_path / "shown")])
     bar = [ln for ln in sys.stderr.getvalue().replace("\r", "\n").splitlines() if ln.strip()]
@@ -431,9 +412,9 @@ def fake_hub(tmp_path, monkeypatch):
 def test_download_writes_a_manifest_verify_data_reads(tmp_path, fake_hub, capsys):
     repo, calls, _ = fake_hub
     out = str(tmp_path / "out")
-    assert cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "3")[0] == 0
+    assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "3")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_train_000002.bin", "fineweb_val_000000.bin"]
-    assert cli(capsys, "--download", "someone/shards", "--output_dir", out)[0] == 0  # resumes: only the missing one
+    assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out)[0] == 0  # resumes: only the missing one
     assert calls[3:] == ["fineweb_train_000003.bin"]
     m = read_manifest(out)
     assert [s["name"] for s in m["shards"]] == ["fineweb_val_000000.bin"] + [f"fineweb_train_00000{i}.bin" for i in (1, 2, 3)]
@@ -453,12 +434,12 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     repo, calls, cut = fake_hub
     cut.add("fineweb_train_000001.bin")
     out = tmp_path / "out"
-    assert_error(cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "fineweb_train_000001.bin", "bytes")
+    assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "fineweb_train_000001.bin", "bytes")
     assert not (out / "manifest.json").exists()
     cut.clear()
     with pytest.MonkeyPatch.context() as mp:  # the shards arrive, the disk is full when the manifest is written
         fake_open(mp, common, errno.ENOSPC, lambda p, m: p.endswith("manifest.json.tmp"))
-        assert_error(cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "manifest.json", "No space left")
+        assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "manifest.json", "No space left")
     assert not (out / "manifest.json").exists() and not (out / "manifest.json.tmp").exists()
-    assert cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
+    assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]

@@ -14,33 +14,18 @@ import pytest
 import torch
 
 import generate_tokens
-from conftest import ROOT, assert_one_line_error, run_script
-from train_gpt2 import EOT_TOKEN, GPT, GPT2_VOCAB_SIZE, GPTConfig, KVCache, UserError, get_tokenizer, sample_next_token
+from conftest import ROOT, assert_one_line_error, run_script, peaked_tiny_gpt
+from train_gpt2 import EOT_TOKEN, GPT, GPT2_VOCAB_SIZE, KVCache, UserError, get_tokenizer, sample_next_token
 
 
 # -----------------------------------------------------------------------------
 # helpers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models gain nothing from a second thread, and on a busy 2-core machine its waiting makes
-    # each op up to 100x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny_model(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32):
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
-    # At init (std 0.02) the logits are nearly tied, so rounding could flip an argmax; std 0.3 separates them.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(15)
-    return model.eval()
+tiny_model = peaked_tiny_gpt
 
 
 @torch.no_grad()

@@ -11,31 +11,18 @@ import pytest
 import torch
 import torch.nn as nn
 
-from train_gpt2 import GPT, GPT2_VOCAB_SIZE, GPTConfig, export_hf
+from conftest import peaked_tiny_gpt
+from train_gpt2 import GPT2_VOCAB_SIZE, export_hf
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models gain nothing from a second thread, and on a busy 2-core machine its waiting makes each
-    # op up to 100x slower (as in test_generate.py); test_two_threads checks the second thread.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 LONG = 40  # new tokens: enough for the transposed-head path (32 or more, one row)
 SHORT = 12  # too few for it: the plain lm_head
 
 
-def tiny_model(seed, block_size=64, vocab_size=96, n_layer=2, n_head=2, n_embd=32):
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
-    # At init (std 0.02) the logits are nearly tied and rounding could flip an argmax; x15 separates them.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(15)
-    return model.eval()
+def tiny_model(seed, block_size=64, vocab_size=96, **shape):
+    return peaked_tiny_gpt(seed, block_size, vocab_size, **shape)
 
 
 def prompt(rows, length, seed, vocab=96):
