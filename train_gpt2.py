@@ -1529,10 +1529,7 @@ def train(args, ckpt=None, ckpt_path=None):
     say = console if master else (lambda *a, **k: None)
     track = Tracking()
     try:
-        torch.manual_seed(args.seed)
-        if device_type == "cuda":
-            torch.cuda.manual_seed(args.seed)
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
+        seed_and_precision(args.seed, device_type)
         B, T = args.batch_size, args.seq_len
         grad_accum_steps = accumulation_steps(args, world_size)
         check_batch_warmup(args, world_size)
@@ -1562,10 +1559,8 @@ def train(args, ckpt=None, ckpt_path=None):
             start_step = ckpt["step"] + 1
             tokens_seen = ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else start_step * args.total_batch_size
             say(f"resuming from {ckpt_path} at step {start_step}")
-            if master:
-                trim_log(log_file, ckpt["step"])
-        elif master and os.path.exists(log_file):
-            os.remove(log_file)  # a fresh run starts a fresh log
+        if master:
+            start_log(log_file, ckpt["step"] if ckpt is not None else None)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
         hellaswag_examples = None
@@ -1578,12 +1573,7 @@ def train(args, ckpt=None, ckpt_path=None):
 
         flops_per_token = raw_model.flops_per_token()
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-        say(f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}")
-        say(f"model {raw_model.config} | {raw_model.num_params():,} parameters")
-        say(f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps")
-        if args.batch_size_warmup_tokens:
-            say(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} tokens per step "
-                f"over the first {args.batch_size_warmup_tokens:,} tokens")
+        say(run_header(args, device, dtype, use_compile, world_size, raw_model, grad_accum_steps))
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
@@ -1701,6 +1691,32 @@ def training_loader(args, rank, world_size, warn):
     if args.no_shuffle:
         return DataLoaderLite(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn)
     return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
+
+
+def seed_and_precision(seed, device_type):
+    torch.manual_seed(seed)
+    if device_type == "cuda":
+        torch.cuda.manual_seed(seed)
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
+
+
+def start_log(log_file, resumed_step):
+    """A resumed run keeps the log up to its checkpoint's step and appends; a fresh run starts a fresh log."""
+    if resumed_step is not None:
+        trim_log(log_file, resumed_step)
+    elif os.path.exists(log_file):
+        os.remove(log_file)
+
+
+def run_header(args, device, dtype, use_compile, world_size, model, grad_accum_steps):
+    B, T = args.batch_size, args.seq_len
+    lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
+             f"model {model.config} | {model.num_params():,} parameters",
+             f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps"]
+    if args.batch_size_warmup_tokens:
+        lines.append(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} tokens per step "
+                     f"over the first {args.batch_size_warmup_tokens:,} tokens")
+    return "\n".join(lines)
 
 
 def accumulation_steps(args, world_size):

@@ -275,9 +275,13 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
 def test_sibling_scripts_bad_input_one_line(tmp_path):
     binary = tmp_path / "model_00001.pt"
     binary.write_bytes(bytes(range(256)) * 8)  # not text: e.g. a checkpoint given where a log or .jsonl belongs
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf_dir = str(tmp_path / "hf")  # a model that loads, so the bad data file is what is refused
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64)).save_pretrained(hf_dir)
     cases = [
         (["plot_log.py", str(binary)], "model_00001.pt:1"),
-        (["hellaswag.py", "--init_from", "gpt2", "--data", str(binary)], "not UTF-8"),
+        (["hellaswag.py", "--init_from", hf_dir, "--data", str(binary)], "not UTF-8"),
         (["fineweb.py", "--input", os.path.join(ROOT, "data", "austen.txt"), "--output_dir", "/dev/null/x"], "cannot write shards"),
         (["fineweb.py", "--shard_size", "abc"], "--shard_size"),  # argparse errors too: one line, not a usage block
         (["hellaswag.py", "--limit", "x"], "--limit"),
