@@ -227,3 +227,15 @@ def test_init_from_a_hub_name_offline_fails_at_once(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--init_from", "gpt2"],
                         env=env)
     assert_one_line_error(result, "--init_from gpt2", "not in the Hugging Face cache")
+
+
+@pytest.mark.parametrize("body, code", [("print('done', end='')", 0), ("print('done', end=''); raise UserError('bad flag')", 2),
+                                        ("print('done', end=''); sys.exit(3)", 3)])
+def test_a_torchrun_worker_ends_with_its_exit_code_and_all_its_output(body, code):
+    """Under RANK (torchrun) run_cli ends the process with os._exit, skipping the interpreter teardown
+    that can abort on gloo's threads: the exit code and buffered output must survive that."""
+    script = f"import sys\nfrom common import UserError, run_cli\ndef main():\n    {body}\nrun_cli(main)\nprint('not reached')\n"
+    result = run_script(["-c", script], env={"RANK": "0"})
+    assert result.returncode == code, result.stderr
+    assert result.stdout == "done"
+    assert ("error: bad flag" in result.stderr) == (code == 2), result.stderr

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
+from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, torchrun
 
 EOT = 50256
 SHUFFLED_FLAGS = [f for f in TINY_FLAGS if f != "--no_shuffle"]
@@ -156,10 +156,6 @@ def test_shuffling_cannot_change_on_resume(tmp_path):
     shuffled_run(data, str(tmp_path / "log"), "--max_steps", "2", "--eval_every", "0")
     with pytest.raises(train_gpt2.UserError, match="--no_shuffle True conflicts"):
         shuffled_run(data, str(tmp_path / "log"), "--max_steps", "3", "--eval_every", "0", "--resume", "--no_shuffle")
-
-
-def torchrun(nproc, *args):
-    return run_script(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train_gpt2.py", *args], timeout=400)
 
 
 def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):

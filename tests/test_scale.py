@@ -27,8 +27,7 @@ import torch
 import generate_tokens
 import hellaswag
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
-from test_train import load_weights, max_weight_diff, torchrun
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun
 
 RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
 STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
