@@ -1312,16 +1312,17 @@ def run_config(args, ckpt):
     return GPTConfig(block_size=args.seq_len, **shape)
 
 
-def build_model(args, ckpt, config):
-    """Model for this run: from the checkpoint when resuming, else the config or GPT-2 weights."""
+def build_model(args, ckpt, config, device):
+    """Model for this run, on device: from the checkpoint when resuming, else the config or GPT-2 weights."""
     if ckpt is not None:
-        return model_from_checkpoint(ckpt)
-    if config is not None:
-        return GPT(config)
-    model = GPT.from_pretrained(args.init_from)
+        model = model_from_checkpoint(ckpt)
+    else:
+        model = GPT(config) if config is not None else GPT.from_pretrained(args.init_from)
     if args.seq_len > model.config.block_size:
-        raise UserError(f"--seq_len {args.seq_len} exceeds {args.init_from}'s context of {model.config.block_size}")
-    return model
+        source = "the model" if ckpt is not None or config is not None else args.init_from
+        raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {model.config.block_size}")
+    model.loss_impl, model.recompute = args.loss_impl, args.recompute
+    return model.to(device)
 
 
 def verify_shards(data_dir):
@@ -1405,8 +1406,11 @@ def save_run(path, model, optimizer, scaler, loader_state, step, args, device_ty
     })
 
 
-def restore_run(ckpt, optimizer, scaler, train_loader, device_type, fsdp_model=None):
-    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them."""
+def restore_run(ckpt, optimizer, scaler, train_loader, device_type, args, fsdp_model=None):
+    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them.
+    Returns (the step to run next, tokens trained on so far): (0, 0) without a checkpoint."""
+    if ckpt is None:
+        return 0, 0
     try:
         load_optimizer_state(optimizer, ckpt["optimizer"], fsdp_model)
         train_loader.load_state_dict(ckpt["loader"])
@@ -1419,6 +1423,8 @@ def restore_run(ckpt, optimizer, scaler, train_loader, device_type, fsdp_model=N
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise UserError(f"the checkpoint's optimizer or loader state does not fit this run ({brief(e)}); "
                         "it is not a checkpoint of this program's training") from None
+    step = ckpt["step"] + 1
+    return step, ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else step * args.total_batch_size
 
 
 @torch.no_grad()
@@ -1465,12 +1471,16 @@ def accumulate_gradients(model, loader, grad_accum_steps, device, autocast, scal
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # DDP all-reduces (FSDP reduce-scatters) gradients on the last micro-step only
         sync = gradient_sync(model, ddp, micro_step == grad_accum_steps - 1)
-        with sync:
-            with autocast:
-                _, loss = model(x, y)
-            loss = loss / grad_accum_steps
-            loss_accum += loss.detach().float()
-            scaler.scale(loss).backward()
+        try:
+            with sync:
+                with autocast:
+                    _, loss = model(x, y)
+                loss = loss / grad_accum_steps
+                loss_accum += loss.detach().float()
+                scaler.scale(loss).backward()
+        except torch.OutOfMemoryError:
+            raise UserError(f"out of GPU memory at batch_size {x.size(0)} x seq_len {x.size(1)}; lower --batch_size "
+                            "(gradient accumulation keeps --total_batch_size)") from None
     return loss_accum
 
 
@@ -1530,7 +1540,6 @@ def train(args, ckpt=None, ckpt_path=None):
     track = Tracking()
     try:
         seed_and_precision(args.seed, device_type)
-        B, T = args.batch_size, args.seq_len
         grad_accum_steps = accumulation_steps(args, world_size)
         check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
@@ -1539,36 +1548,21 @@ def train(args, ckpt=None, ckpt_path=None):
             verify_shards(args.data_dir)
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
         train_loader = training_loader(args, rank, world_size, warn)
-        val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
+        val_loader = DataLoaderLite(args.data_dir, "val", args.batch_size, args.seq_len, rank, world_size, warn) if args.eval_every else None
         use_compile = choose_compile(args.compile, device, say)
 
-        raw_model = build_model(args, ckpt, config)
-        if T > raw_model.config.block_size:
-            raise UserError(f"--seq_len {T} exceeds the model's context of {raw_model.config.block_size}")
-        raw_model.to(device)
-        raw_model.loss_impl = args.loss_impl
+        raw_model = build_model(args, ckpt, config, device)
         zero, fsdp = scale_mode(args, ddp, dtype, say)
-        raw_model.recompute = args.recompute
         if fsdp:
             shard_model(raw_model, dtype, device_type, use_compile)
         optimizer = build_optimizer(raw_model, args, device_type, zero)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-        start_step, tokens_seen = 0, 0
-        if ckpt is not None:
-            restore_run(ckpt, optimizer, scaler, train_loader, device_type, raw_model if fsdp else None)
-            start_step = ckpt["step"] + 1
-            tokens_seen = ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else start_step * args.total_batch_size
-            say(f"resuming from {ckpt_path} at step {start_step}")
+        start_step, tokens_seen = restore_run(ckpt, optimizer, scaler, train_loader, device_type, args, raw_model if fsdp else None)
         if master:
-            start_log(log_file, ckpt["step"] if ckpt is not None else None)
+            start_log(log_file, ckpt, ckpt_path)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
-        hellaswag_examples = None
-        if args.hellaswag_every:
-            import hellaswag
-
-            hellaswag_examples = hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
-                                                                 asked="hellaswag_every" in args.explicit)
+        hellaswag_examples = hellaswag_for_run(args, rank, world_size, device)
         tokenizer = get_tokenizer() if (args.sample_every or hellaswag_examples) else None
 
         flops_per_token = raw_model.flops_per_token()
@@ -1600,6 +1594,8 @@ def train(args, ckpt=None, ckpt_path=None):
                         log_line(log_file, f"{step} val {val_loss:.4f}")
                         track.log(step, {"val/loss": val_loss})
                 if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
+                    import hellaswag
+
                     with autocast:  # under --fsdp every rank scores every example: each forward needs all ranks
                         result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=0 if fsdp else rank,
                                                     world_size=1 if fsdp else world_size)
@@ -1616,13 +1612,10 @@ def train(args, ckpt=None, ckpt_path=None):
                 micro_steps = step_micro_batches(tokens_seen, args, world_size)
                 try:
                     loss = accumulate_gradients(model, train_loader, micro_steps, device, autocast, scaler, ddp)
-                except BaseException as e:  # the weights are still those after the last step: keep that progress
+                except BaseException:  # the weights are still those after the last step: keep that progress
                     # (sharded state cannot be gathered while other ranks may be failing: --resume takes the last checkpoint)
                     if master and step > start_step and not (args.save_every and step % args.save_every == 0) and not (zero or fsdp):
                         say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; --resume continues from there")
-                    if isinstance(e, torch.OutOfMemoryError):
-                        raise UserError(f"out of GPU memory at batch_size {B} x seq_len {T}; lower --batch_size "
-                                        "(gradient accumulation keeps --total_batch_size)") from None
                     raise
                 loss = all_reduce_mean(loss, ddp, world_size)
                 lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
@@ -1630,7 +1623,7 @@ def train(args, ckpt=None, ckpt_path=None):
                 if device_type == "cuda":
                     torch.cuda.synchronize()
                 step_times.append(time.time() - t0)
-                step_tokens = micro_steps * B * T * world_size
+                step_tokens = micro_steps * args.batch_size * args.seq_len * world_size
                 tokens_seen += step_tokens
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
                 say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite, step_tokens))
@@ -1693,6 +1686,16 @@ def training_loader(args, rank, world_size, warn):
     return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
 
 
+def hellaswag_for_run(args, rank, world_size, device):
+    """This rank's share of the HellaSwag examples for the in-loop evaluation; None when it is off."""
+    if not args.hellaswag_every:
+        return None
+    import hellaswag  # here, not at the top: hellaswag.py imports this file in its main()
+
+    return hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
+                                           asked="hellaswag_every" in args.explicit)
+
+
 def seed_and_precision(seed, device_type):
     torch.manual_seed(seed)
     if device_type == "cuda":
@@ -1700,10 +1703,11 @@ def seed_and_precision(seed, device_type):
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
 
 
-def start_log(log_file, resumed_step):
+def start_log(log_file, ckpt, ckpt_path):
     """A resumed run keeps the log up to its checkpoint's step and appends; a fresh run starts a fresh log."""
-    if resumed_step is not None:
-        trim_log(log_file, resumed_step)
+    if ckpt is not None:
+        console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
+        trim_log(log_file, ckpt["step"])
     elif os.path.exists(log_file):
         os.remove(log_file)
 

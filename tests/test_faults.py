@@ -239,3 +239,22 @@ def test_a_torchrun_worker_ends_with_its_exit_code_and_all_its_output(body, code
     assert result.returncode == code, result.stderr
     assert result.stdout == "done"
     assert ("error: bad flag" in result.stderr) == (code == 2), result.stderr
+
+
+def test_out_of_memory_mid_run_is_one_line_and_keeps_the_progress(shards, tmp_path, monkeypatch):
+    """A GPU that runs out of memory at step 3: the error names the batch and the fix, and steps 0-2 are saved."""
+    forward, calls = train_gpt2.GPT.forward, {"n": 0}
+
+    def forward_until_oom(self, idx, targets=None):
+        calls["n"] += 1
+        if targets is not None and calls["n"] > 3 * 2:  # 2 micro-steps per step (256 = 4 x 32 x 2)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return forward(self, idx, targets)
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward_until_oom)
+    log_dir = str(tmp_path / "log")
+    with pytest.raises(train_gpt2.UserError, match=r"out of GPU memory at batch_size 4 x seq_len 32; lower --batch_size"):
+        train(shards, log_dir, "--max_steps", "10", "--eval_every", "0", "--save_every", "0")
+    saved = train_gpt2.find_checkpoints(log_dir)
+    assert [train_gpt2.load_checkpoint(p)["step"] for p in saved] == [2]
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
