@@ -208,14 +208,18 @@ def read_hub(ds, args, skip, checkpoint, states):
 
 
 def make_chunks(docs, count, unit_chars=0, keep=None):
-    """(texts, first, units, new_doc) of about CHUNK_CHARS characters; first[i]: texts[i] starts a unit,
-    whose number and whether it starts a document are in units and new_doc. A unit is a document, or with
-    unit_chars, a piece of a .txt of at least that many characters. Units numbered count["units"] on; those
-    keep(number) refuses are not tokenized. count: units and documents seen (documents from count["documents"])."""
+    """(texts, first, units, new_doc) of about CHUNK_CHARS characters; first[i]: texts[i] starts a unit, whose
+    number and whether it starts a document are in units and new_doc. A unit is a document; with unit_chars, a
+    .txt is cut into units of at least that size. Units are numbered from count["units"]; those keep(number)
+    refuses are not tokenized. count: the units and documents read so far."""
     texts, first, units, new_doc, size = [], [], [], [], 0
     for doc in docs:
         count["documents"] += 1
-        for k, pieces in enumerate(units_of(doc, unit_chars)):
+        if isinstance(doc, str) or not unit_chars:  # one unit: a str, or a .txt's pieces as read
+            doc_units = [split_document(doc) if isinstance(doc, str) else doc]
+        else:
+            doc_units = ((unit,) for piece in doc for unit in split_document(piece, unit_chars))
+        for k, pieces in enumerate(doc_units):
             count["units"] = (u := count["units"]) + 1
             if keep and not keep(u):
                 continue
@@ -231,18 +235,8 @@ def make_chunks(docs, count, unit_chars=0, keep=None):
         yield texts, first, units, new_doc
 
 
-def units_of(doc, unit_chars):
-    """The units of a document, each as its pieces: one unit (a str cut for the workers, or a .txt's
-    pieces as read); with unit_chars, a .txt's pieces cut again into units of at least that size."""
-    if isinstance(doc, str) or not unit_chars:
-        yield split_document(doc) if isinstance(doc, str) else doc
-    else:
-        for piece in doc:
-            yield from ((unit,) for unit in split_document(piece, unit_chars))
-
-
-def tokenize(texts, first):
-    """(tokens, starts): the chunk's tokens as uint16 with <|endoftext|> before each document, and where those are."""
+def tokenize(texts, first, *meta):
+    """(tokens, starts, *meta): the chunk's tokens as uint16 with <|endoftext|> before each unit, and where those are."""
     enc, parts, starts, n = get_tokenizer(), [], [], 0
     for text, is_first in zip(texts, first):
         try:  # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in encode_ordinary
@@ -252,7 +246,7 @@ def tokenize(texts, first):
         starts += [n] * is_first
         parts += [np.array([EOT_TOKEN] * is_first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
         n += is_first + len(ids)
-    return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64)
+    return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64), *meta
 
 
 def init_worker():
@@ -262,16 +256,14 @@ def init_worker():
 
 
 def tokenized(chunks, pool, window):
-    """(tokens, starts, units, new_doc) of each chunk in input order, at most `window` chunks in flight."""
+    """tokenize(*chunk) of each chunk in input order, at most `window` chunks in flight."""
     pending = deque()
-    for texts, first, *meta in chunks:
-        pending.append((pool.submit(tokenize, texts, first), meta))  # a killed worker breaks the pool: BrokenProcessPool
+    for chunk in chunks:
+        pending.append(pool.submit(tokenize, *chunk))  # a killed worker breaks the pool: BrokenProcessPool
         if len(pending) >= window:
-            future, meta = pending.popleft()
-            yield *future.result(), *meta
+            yield pending.popleft().result()
     while pending:
-        future, meta = pending.popleft()
-        yield *future.result(), *meta
+        yield pending.popleft().result()
 
 
 def save_json(path, obj):
@@ -517,8 +509,8 @@ def text_bytes(path, field):
     if not path.lower().endswith(".parquet"):
         return os.path.getsize(path)
     meta = open_parquet(path, field).metadata
-    groups = (meta.row_group(g) for g in range(meta.num_row_groups))
-    return sum(c.total_uncompressed_size for g in groups for c in map(g.column, range(g.num_columns)) if c.path_in_schema == field)
+    columns = (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    return sum(c.total_uncompressed_size for c in columns if c.path_in_schema == field)
 
 
 def output_args(args):
@@ -622,42 +614,37 @@ def make_shards(args, manifest, ds, pool, val):
     from tqdm import tqdm
 
     shards, progress, states = manifest["shards"], {"bytes": 0}, None if val else deque()
-    skip = shards[-1]["end_doc"] if shards and not val else 0  # with --val_tokens, the input is read from the start
+    last = shards[-1] if shards and not val else None  # with --val_tokens, a resumed run reads the input from the start
+    count = dict.fromkeys(("units", "documents"), last["end_doc"] if last else 0)  # read so far: documents before are skipped
     if shards:
-        print(f"resuming after {len(shards)} shards in {args.output_dir}: " + (f"skipping {skip:,} documents already done" if not val
-              else "reading the input from the start (--val_tokens), tokenizing only what is not in shards yet"))
+        print(f"resuming after {len(shards)} shards in {args.output_dir}: " + (f"skipping {last['end_doc']:,} documents already done"
+              if last else "reading the input from the start (--val_tokens), tokenizing only what is not in shards yet"))
     if args.input:
-        docs, total, unit = read_local(args.input, args.text_field, skip, progress), sum(map(os.path.getsize, args.input)), "B"
+        docs, total, unit = read_local(args.input, args.text_field, count["units"], progress), sum(map(os.path.getsize, args.input)), "B"
     else:
         print(f"streaming {hub_name(args)} from the Hugging Face hub")
-        docs = read_hub(ds, args, skip, shards[-1].get("checkpoint") if shards and not val else None, states)
+        docs = read_hub(ds, args, count["units"], last and last.get("checkpoint"), states)
         total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
-    count = {"units": skip, "documents": skip}
     # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress). Leaving
     # the with-block: reading stops, and a shard being written is finished and recorded.
     with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
             ThreadPoolExecutor(1) as writer:
         out = ShardWriter(args, manifest, print if bar.disable else bar.write, writer)
-        if val:
-            cutters = {"val": ShardCutter("val", out), "train": ShardCutter("train", out)}
-            sink = SplitRouter(cutters, args.seed, *val)
-        else:
-            cutters = {None: ShardCutter(None, out, states)}
-            sink = cutters[None]
+        cutters = {split: ShardCutter(split, out, states) for split in (("val", "train") if val else (None,))}
+        sink = SplitRouter(cutters, args.seed, *val) if val else cutters[None]
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
         with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, sink.keep if val else None)) as chunks:
-            for tokens, starts, *meta in tokenized(chunks, pool, 2 * args.num_proc) if pool else ((*tokenize(*c[:2]), *c[2:]) for c in chunks):
-                sink.add(tokens, starts, *meta)
+            for tokens, *rest in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
+                sink.add(tokens, *rest)
                 new_tokens += len(tokens)
                 bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
                 if out.stopped:
                     break
         if not any(c.written for c in cutters.values()):
             raise UserError("the input holds no documents")
-        if not out.stopped:
-            for c in cutters.values():
-                c.finish()
+        for c in cutters.values() if not out.stopped else ():
+            c.finish()
         out.wait()
         if not out.stopped:
             manifest.update(complete=True, documents=count["documents"], tokens=sum(c.written for c in cutters.values()))
@@ -668,20 +655,18 @@ def make_shards(args, manifest, ds, pool, val):
     if not manifest["complete"]:
         return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); run again without it to go on")
     print(f"done: {len(shards)} shards, {manifest['tokens']:,} tokens of {manifest['documents']:,} documents in {args.output_dir} ({speed})")
-    last = {split_of(s["name"]): s for s in shards}  # each split's last shard
     if val:
         got = cutters["val"].written
-        print(f"validation: {got:,} tokens ({got / manifest['tokens']:.2%}) drawn from across the input (seed {args.seed}), "
-              f"in the {sum(split_of(s['name']) == 'val' for s in shards)} val shard(s)")
-        if got < val[1] < math.inf:
-            print(f"note: the input ended with {got:,} validation tokens, fewer than the {val[1]:,} asked for (its size was "
-                  f"estimated at ~{BYTES_PER_TOKEN} bytes per token); ask for more, or give a fraction")
-    if "train" not in last:
+        print(f"validation: {got:,} tokens ({got / manifest['tokens']:.2%}) drawn from across the input (seed {args.seed})" + (
+              f"; fewer than the {val[1]:,} asked for, as the input's size was overestimated (at ~{BYTES_PER_TOKEN} bytes per "
+              "token): ask for more, or give a fraction" if got < val[1] < math.inf else ""))
+    ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
+    if "train" not in ends:
         print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "
               + ("--val_tokens" if val else f"--shard_size (now {args.shard_size:,})"))
-    for s in [last[split] for split in ("val", "train") if split in last and (val or split == "train")]:
-        if s["tokens"] < BATCH_TOKENS < args.shard_size:
-            print(f"warning: the last {split_of(s['name'])} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one batch of "
+    for split, s in ends.items():
+        if s["tokens"] < BATCH_TOKENS < args.shard_size and (val or split == "train"):
+            print(f"warning: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one batch of "
                   f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot use it; "
                   "a smaller --batch_size x --seq_len can")
 
