@@ -3,27 +3,21 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
 
     python fineweb.py                          # HF FineWeb-Edu sample-10BT -> edu_fineweb10B/ (~10B tokens, 100 shards)
     python fineweb.py --input data/austen.txt --output_dir data/tiny --shard_size 1e5  # the README's quick start
-    python fineweb.py --input a.jsonl b.parquet --text_field content --output_dir mydata
-    python fineweb.py --input a.jsonl b.txt --output_dir mydata --val_tokens 0.005  # validation from across all inputs
+    python fineweb.py --input a.jsonl b.parquet c.txt --output_dir mydata --val_tokens 0.005  # validation from all inputs
     python fineweb.py --download kjj0/fineweb10B-gpt2 --output_dir fineweb10B  # ready-made llm.c shards
 
 Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
-dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens (encode_ordinary). All documents, in input
-order, are cut into llm.c .bin shards of exactly --shard_size tokens (the last shorter); shard 0 is
-validation. Worker processes tokenize ~256 KB chunks, a few in flight (memory stays flat); a longer
-document is cut where GPT-2's pre-tokenizer splits anyway, so its tokens are unchanged.
-
---val_tokens draws validation from across all inputs instead: each unit (a document; in a .txt, a piece of
->= UNIT_CHARS cut like that) is val or train by a hash of (--seed, its number), and each split is cut into
-its own shards (<prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ...), documents in input order.
+dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens, in input order, cut into llm.c .bin shards of
+exactly --shard_size tokens (the last shorter). Shard 0 is validation; with --val_tokens, units drawn from
+across the input (documents, or pieces of a .txt) go to val shards and the rest to train shards instead.
 
 manifest.json: "source", "tokenizer", "prefix", "args" (what decides the content; for local files their
 paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc", "end_doc_tokens",
-"checkpoint"}], "complete". Shard i ends in document end_doc, end_doc_tokens of whose tokens are in shards
-<= i. The same command again resumes after the last complete shard and skips the documents before it (a
-hub stream restarts at "checkpoint", its `datasets` state a few documents before end_doc). With --val_tokens,
-end_doc counts units and each split is a stream of its own; a resumed run reads the input from the start,
-tokenizing only the units not yet in shards.
+"checkpoint"}], "complete". Shard i ends in unit end_doc, end_doc_tokens of whose tokens are in the shards
+up to i of its stream (all shards; with --val_tokens, its split's). The same command again resumes after
+the last complete shard, skipping the documents before it (a hub stream restarts at "checkpoint", a
+position a few documents before end_doc); with --val_tokens it reads the input from the start instead,
+tokenizing only the units not in shards yet.
 """
 
 import argparse
@@ -349,13 +343,16 @@ class ShardCutter:
             self.flush(self.unit, self.unit_start)
 
 
-def draw(seed, unit):
-    """A number in [0, 1) fixed by (seed, unit): the unit is a validation candidate if it is below the rate."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest(), "little") / 2**64
+def draws(seed, units):
+    """A number in [0, 1) for each unit, fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
+    z = np.asarray(units, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed % 2**64)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = (z ^ (z >> np.uint64(shift))) * np.uint64(factor)
+    return ((z ^ (z >> np.uint64(31))) >> np.uint64(11)) / 2.0**53
 
 
 class SplitRouter:
-    """--val_tokens: sends each unit to the val or the train cutter. A unit is val if draw(seed, unit) <
+    """--val_tokens: sends each unit to the val or the train cutter. A unit is val if draws(seed, unit) <
     rate and the val units before it hold fewer than `quota` tokens. Each unit of a document starts with
     <|endoftext|>, except a .txt unit that follows its text's previous unit in the same split: there the
     text simply goes on. A resumed run reads the input from the start: the units before each split's
@@ -369,7 +366,7 @@ class SplitRouter:
         self.split, self.feed, self.last = "train", False, -1  # the last unit: its split, whether it goes to its cutter, its number
 
     def candidate(self, unit):
-        return draw(self.seed, unit) < self.rate
+        return draws(self.seed, [unit])[0] < self.rate
 
     def keep(self, unit):
         """Whether the unit may still be needed (else it is in shards already, and its split is known)."""
@@ -377,13 +374,13 @@ class SplitRouter:
 
     def add(self, tokens, starts, units, new_doc):
         out = {split: ([], [], []) for split in self.cutters}  # per split: token arrays, which of them start units, unit numbers
-        bounds = [0, *starts.tolist(), len(tokens)]
+        bounds, candidates = [0, *starts.tolist(), len(tokens)], draws(self.seed, units) < self.rate
         for j in range(len(bounds) - 1):  # j = 0: the rest of the last chunk's last unit; j > 0: unit units[j - 1]
             part = tokens[bounds[j] : bounds[j + 1]]
             if j:
                 u = units[j - 1]
                 before = self.split if self.last == u - 1 else ("val" if self.candidate(u - 1) else "train")
-                self.split = "val" if self.candidate(u) and self.val_tokens < self.quota else "train"
+                self.split = "val" if candidates[j - 1] and self.val_tokens < self.quota else "train"
                 if not new_doc[j - 1] and self.split == before:
                     part = part[1:]  # drop its <|endoftext|>: the text goes on in this split
                 self.feed, self.last = u >= self.first[self.split], u
@@ -415,13 +412,11 @@ def count_arg(text):
 
 
 def val_tokens_arg(text):
-    """A fraction in (0, 1), or a whole number of tokens (1e6 style accepted)."""
+    """A fraction in (0, 1), or a count of tokens as count_arg takes it."""
     try:
-        if 0 < (value := float(text)) < 1 or (value >= 1 and value.is_integer()):
-            return value if value < 1 else int(value)
-    except (ValueError, OverflowError):
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 nor a whole number of tokens")
+        return value if 0 < (value := float(text)) < 1 else count_arg(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 nor a whole number of tokens") from None
 
 
 def hub_name(args):
@@ -634,7 +629,7 @@ def make_shards(args, manifest, ds, pool, val):
         sink = SplitRouter(cutters, args.seed, *val) if val else cutters[None]
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
-        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, sink.keep if val else None)) as chunks:
+        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, sink.keep if val and shards else None)) as chunks:
             for tokens, *rest in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
                 sink.add(tokens, *rest)
                 new_tokens += len(tokens)
