@@ -439,7 +439,7 @@ def build_parser():
                    "without --val_tokens, shard 0 is validation")
     p.add_argument("--val_tokens", type=val_tokens_arg, help="validation drawn from across all inputs: a fraction (0.001) of "
                    "all tokens or a token count (1e6); it goes to val shards, the rest to train shards. The unit drawn is a "
-                   "document; in a .txt, a piece of at least 2 KiB cut at a line break. None: shard 0 (the first tokens) is validation")
+                   "document; in a .txt, a piece of at least 2 KiB cut at a line break. Without it, shard 0 (the first tokens) is validation")
     p.add_argument("--seed", type=int, default=1337, help="which units --val_tokens draws")
     p.add_argument("--num_proc", type=int, default=CPUS, help=f"tokenizer processes (1 to {4 * CPUS})")
     p.add_argument("--max_shards", type=int, default=0, help="stop after this many shards in the folder (0: all); run again to go on")
