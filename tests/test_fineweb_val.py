@@ -165,8 +165,8 @@ def test_count_that_the_input_does_not_reach_is_reported(tmp_path, capsys):
     found = match_inputs(str(tmp_path / "out"), docs)
     val = [t for _, split, t in found if split == "val"]
     got = sum(map(len, val))
-    assert code == 0 and got - max(map(len, val)) < 5000  # never more than one unit over
-    assert (f"validation: {got:,} tokens" in stdout) and ("fewer than the 5,000 asked for" in stdout) == (got < 5000), stdout
+    # the input's 180 kB are estimated at 45,000 tokens (it holds 42,629): the draws at that rate fall short
+    assert code == 0 and got < 5000 and f"validation: {got:,} tokens" in stdout and "fewer than the 5,000 asked for" in stdout, stdout
 
 
 def test_seed_decides_the_draw(tmp_path):
