@@ -3,32 +3,34 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
 
     python fineweb.py                          # HF FineWeb-Edu sample-10BT -> edu_fineweb10B/ (~10B tokens, 100 shards)
     python fineweb.py --input data/austen.txt --output_dir data/tiny --shard_size 1e5  # the README's quick start
-    python fineweb.py --input a.jsonl b.parquet --text_field content --output_dir mydata
+    python fineweb.py --input a.jsonl b.parquet c.txt --output_dir mydata --val_tokens 0.005  # validation from all inputs
     python fineweb.py --download kjj0/fineweb10B-gpt2 --output_dir fineweb10B  # ready-made llm.c shards
 
 Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
-dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens (encode_ordinary). All documents, in input
-order, are cut into llm.c .bin shards of exactly --shard_size tokens (the last shorter); shard 0 is
-validation. Worker processes tokenize ~256 KB chunks, a few in flight (memory stays flat); a longer
-document is cut where GPT-2's pre-tokenizer splits anyway, so its tokens are unchanged.
+dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens, in input order, cut into llm.c .bin shards of
+exactly --shard_size tokens (the last shorter). Shard 0 is validation; with --val_tokens, units drawn from
+across the input (documents, or pieces of a .txt) go to val shards and the rest to train shards instead.
 
 manifest.json: "source", "tokenizer", "prefix", "args" (what decides the content; for local files their
 paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc", "end_doc_tokens",
-"checkpoint"}], "complete". Shard i ends in document end_doc, end_doc_tokens of whose tokens are in shards
-<= i. The same command again resumes after the last complete shard and skips the documents before it (a
-hub stream restarts at "checkpoint", its `datasets` state a few documents before end_doc).
+"checkpoint"}], "complete". Shard i ends in unit end_doc, end_doc_tokens of whose tokens are in the shards
+up to i of its stream (all shards; with --val_tokens, its split's). The same command again resumes after
+the last complete shard, skipping the documents before it (a hub stream restarts at "checkpoint", a
+position a few documents before end_doc); with --val_tokens it reads the input from the start instead,
+tokenizing only the units not in shards yet.
 """
 
 import argparse
 import codecs
 import hashlib
 import json
+import math
 import os
 import re
 import signal
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from contextlib import closing, nullcontext
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -39,7 +41,9 @@ from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_fi
 from train_gpt2 import EOT_TOKEN, SHARD_HEADER_INTS, get_tokenizer, list_shards, read_shard, write_shard
 
 DEFAULT_DATASET, DEFAULT_NAME = "HuggingFaceFW/fineweb-edu", "sample-10BT"
-KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar's ETA
+KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar's ETA and the rate of --val_tokens N
+BYTES_PER_TOKEN = 4  # of English text in GPT-2 tokens (data/austen.txt: 4.05): a local input's size in tokens, estimated
+UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
 CHUNK_CHARS = 1 << 18  # text per work item sent to a worker; also the longest piece a big document is cut into
 HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
@@ -56,10 +60,11 @@ SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)")
 # `skip` on, adds the input bytes it used to progress["bytes"], and returns the part of `skip` left.
 
 
-def split_document(text):
-    """Pieces of at least CHUNK_CHARS (the last may be shorter) whose tokens, concatenated, are the text's."""
-    start = 0
-    while len(text) - start > 2 * CHUNK_CHARS and (m := SAFE_SPLIT.search(text, start + CHUNK_CHARS, len(text) - CHUNK_CHARS)):
+def split_document(text, size=None):
+    """Pieces of at least `size` (CHUNK_CHARS) characters (the last may be shorter) whose tokens,
+    concatenated, are the text's."""
+    start, size = 0, size or CHUNK_CHARS
+    while len(text) - start > 2 * size and (m := SAFE_SPLIT.search(text, start + size, len(text) - size)):
         yield text[start : m.start()]
         start = m.start()
     yield text[start:]
@@ -168,7 +173,7 @@ def load_hub(args):
 
 def read_hub(ds, args, skip, checkpoint, states):
     """The streamed dataset's documents from number `skip` on; every HUB_CHECKPOINT_DOCS documents its
-    position {"doc", "state"} goes into `states`, for the shard that ends there."""
+    position {"doc", "state"} goes into `states` (unless None), for the shard that ends there."""
     doc = 0
     if checkpoint:
         try:
@@ -179,7 +184,7 @@ def read_hub(ds, args, skip, checkpoint, states):
             ds = load_hub(args)
     it = iter(ds)
     while True:
-        if doc >= skip and doc % HUB_CHECKPOINT_DOCS == 0:
+        if states is not None and doc >= skip and doc % HUB_CHECKPOINT_DOCS == 0:
             states.append({"doc": doc, "state": ds.state_dict()})
         try:
             example = next(it)
@@ -196,22 +201,36 @@ def read_hub(ds, args, skip, checkpoint, states):
 # Tokenizing and cutting shards
 
 
-def make_chunks(docs):
-    """(texts, first) of about CHUNK_CHARS characters; first[i]: texts[i] starts a document."""
-    texts, first, size = [], [], 0
+def make_chunks(docs, count, unit_chars=0, keep=None):
+    """(texts, first, units, new_doc) of about CHUNK_CHARS characters; first[i]: texts[i] starts a unit, whose
+    number and whether it starts a document are in units and new_doc. A unit is a document; with unit_chars, a
+    .txt is cut into units of at least that size. Units are numbered from count["units"]; those keep(number)
+    refuses are not tokenized. count: the units and documents read so far."""
+    texts, first, units, new_doc, size = [], [], [], [], 0
     for doc in docs:
-        for i, piece in enumerate(split_document(doc) if isinstance(doc, str) else doc):
-            texts.append(piece)
-            first.append(i == 0)
-            if (size := size + len(piece) + 1) >= CHUNK_CHARS:
-                yield texts, first
-                texts, first, size = [], [], 0
+        count["documents"] += 1
+        if isinstance(doc, str) or not unit_chars:  # one unit: a str, or a .txt's pieces as read
+            doc_units = [split_document(doc) if isinstance(doc, str) else doc]
+        else:
+            doc_units = ((unit,) for piece in doc for unit in split_document(piece, unit_chars))
+        for k, pieces in enumerate(doc_units):
+            count["units"] = (u := count["units"]) + 1
+            if keep and not keep(u):
+                continue
+            units.append(u)
+            new_doc.append(k == 0)
+            for i, piece in enumerate(pieces):
+                texts.append(piece)
+                first.append(i == 0)
+                if (size := size + len(piece) + 1) >= CHUNK_CHARS:
+                    yield texts, first, units, new_doc
+                    texts, first, units, new_doc, size = [], [], [], [], 0
     if texts:
-        yield texts, first
+        yield texts, first, units, new_doc
 
 
-def tokenize(texts, first):
-    """(tokens, starts): the chunk's tokens as uint16 with <|endoftext|> before each document, and where those are."""
+def tokenize(texts, first, *meta):
+    """(tokens, starts, *meta): the chunk's tokens as uint16 with <|endoftext|> before each unit, and where those are."""
     enc, parts, starts, n = get_tokenizer(), [], [], 0
     for text, is_first in zip(texts, first):
         try:  # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in encode_ordinary
@@ -221,7 +240,7 @@ def tokenize(texts, first):
         starts += [n] * is_first
         parts += [np.array([EOT_TOKEN] * is_first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
         n += is_first + len(ids)
-    return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64)
+    return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64), *meta
 
 
 def init_worker():
@@ -231,7 +250,7 @@ def init_worker():
 
 
 def tokenized(chunks, pool, window):
-    """(tokens, starts) of each chunk in input order, at most `window` chunks in flight."""
+    """tokenize(*chunk) of each chunk in input order, at most `window` chunks in flight."""
     pending = deque()
     for chunk in chunks:
         pending.append(pool.submit(tokenize, *chunk))  # a killed worker breaks the pool: BrokenProcessPool
@@ -246,45 +265,30 @@ def save_json(path, obj):
         json.dump(obj, f, indent=1)
 
 
-def shard_name(prefix, index):
-    return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.bin"
+def shard_name(prefix, split, counts):
+    """The next shard of `split`, after counts[split] of its shards: val shards count from 0, train from 1."""
+    return f"{prefix}_{split}_{counts[split] + (split == 'train'):06d}.bin"
 
 
-class ShardCutter:
-    """Cuts the token stream into shards and keeps the manifest. Positions index the stream of all
-    documents' tokens; a resumed stream starts at the document the last shard ended in, and its tokens
-    already in shards are dropped. A thread writes, hashes and records each shard in order."""
+class ShardWriter:
+    """Writes, hashes and records shards in a thread, one at a time and in the order given; counts them
+    per split (for names and --max_shards)."""
 
-    def __init__(self, args, manifest, states, log, writer):
-        self.args, self.manifest, self.states, self.log, self.writer, self.saved = args, manifest, states, log, writer, None
-        last = manifest["shards"][-1] if manifest["shards"] else {"end_doc": 0, "end_doc_tokens": 0}
-        self.written = sum(s["tokens"] for s in manifest["shards"])  # tokens in shards and the buffer
-        self.pos = self.doc_start = self.written - last["end_doc_tokens"]  # of the next token to come; of the last document
-        self.ndocs, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the next document to start; a hub position
-        self.index, self.buf, self.fill, self.stopped = len(manifest["shards"]), np.empty(args.shard_size, np.uint16), 0, False
+    def __init__(self, args, manifest, log, pool):
+        self.args, self.manifest, self.log, self.pool, self.saved = args, manifest, log, pool, None
+        self.counts = Counter(split_of(s["name"]) for s in manifest["shards"])
+        self.stopped = False
 
-    def add(self, tokens, starts):
-        starts, i = self.pos + starts, max(0, self.written - self.pos)
-        self.pos += len(tokens)
-        while i < len(tokens) and not self.stopped:
-            take = min(len(tokens) - i, len(self.buf) - self.fill)
-            self.buf[self.fill : self.fill + take] = tokens[i : i + take]
-            self.fill, self.written, i = self.fill + take, self.written + take, i + take
-            if self.fill == len(self.buf):  # the document of the shard's last token, and where it started
-                j = int(np.searchsorted(starts, self.written - 1, side="right")) - 1
-                self.flush(*((self.ndocs + j, int(starts[j])) if j >= 0 else (self.ndocs - 1, self.doc_start)))
-        self.ndocs, self.doc_start = self.ndocs + len(starts), int(starts[-1]) if len(starts) else self.doc_start
+    def submit(self, split, entry, tokens):
+        entry = {"name": shard_name(self.manifest["prefix"], split, self.counts), **entry}
+        self.counts[split] += 1
+        self.wait()  # the shard before is on disk and recorded; or its error comes out here
+        self.saved = self.pool.submit(self.save, entry, tokens)
+        self.stopped = 0 < self.args.max_shards <= sum(self.counts.values())
 
-    def flush(self, end_doc, start):
-        while self.states and self.states[0]["doc"] <= end_doc:  # the latest hub position at or before end_doc
-            self.checkpoint = self.states.popleft()
-        entry = {"name": shard_name(self.manifest["prefix"], self.index), "tokens": self.fill, "end_doc": end_doc,
-                 "end_doc_tokens": self.written - start, **({"checkpoint": self.checkpoint} if self.checkpoint else {})}
+    def wait(self):
         if self.saved is not None:
-            self.saved.result()  # the shard before is on disk and recorded; or its error comes out here
-        self.saved = self.writer.submit(self.save, entry, self.buf[: self.fill])
-        self.buf, self.fill, self.index = np.empty(len(self.buf), np.uint16), 0, self.index + 1
-        self.stopped = 0 < self.args.max_shards <= self.index
+            self.saved.result()
 
     def save(self, entry, tokens):
         entry["sha256"] = write_shard(os.path.join(self.args.output_dir, entry["name"]), tokens)
@@ -292,16 +296,105 @@ class ShardCutter:
         save_json(os.path.join(self.args.output_dir, "manifest.json"), self.manifest)
         self.log(f"wrote {entry['name']} ({entry['tokens']:,} tokens)")
 
-    def finish(self, complete):
-        """The last shard on disk and recorded (or its error out); at the end of the input, the shorter last
-        shard too, and the manifest marked complete."""
-        if complete and self.fill:
-            self.flush(self.ndocs - 1, self.doc_start)
-        if self.saved is not None:
-            self.saved.result()
-        if complete:
-            self.manifest.update(complete=True, documents=self.ndocs, tokens=self.written)
-            save_json(os.path.join(self.args.output_dir, "manifest.json"), self.manifest)
+
+def split_of(name):
+    return "val" if "_val_" in name else "train"
+
+
+class ShardCutter:
+    """Cuts one token stream into shards: with `split` None, the stream of all units, whose first shard
+    is val and the rest train; else the stream of that split's units. Positions index the stream; a
+    resumed stream starts at the unit its last shard ended in, and its tokens already in shards are dropped."""
+
+    def __init__(self, split, out, states=None):
+        self.split, self.out, self.states = split, out, states
+        mine = [s for s in out.manifest["shards"] if split in (None, split_of(s["name"]))]
+        last = mine[-1] if mine else {"end_doc": 0, "end_doc_tokens": 0}
+        self.written = sum(s["tokens"] for s in mine)  # tokens in shards and the buffer
+        self.pos = self.unit_start = self.written - last["end_doc_tokens"]  # of the next token to come; of the last unit
+        self.unit, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the last unit started; a hub position
+        self.buf, self.fill = np.empty(out.args.shard_size, np.uint16), 0
+
+    def add(self, tokens, starts, units, new_doc=None):
+        """tokens of the stream; starts[j]: where unit units[j] starts in them (before starts[0]: the last unit's)."""
+        starts, i = self.pos + starts, max(0, self.written - self.pos)
+        self.pos += len(tokens)
+        while i < len(tokens) and not self.out.stopped:
+            take = min(len(tokens) - i, len(self.buf) - self.fill)
+            self.buf[self.fill : self.fill + take] = tokens[i : i + take]
+            self.fill, self.written, i = self.fill + take, self.written + take, i + take
+            if self.fill == len(self.buf):  # the unit of the shard's last token, and where it started
+                j = int(np.searchsorted(starts, self.written - 1, side="right")) - 1
+                self.flush(*((units[j], int(starts[j])) if j >= 0 else (self.unit, self.unit_start)))
+        if len(starts):
+            self.unit, self.unit_start = units[-1], int(starts[-1])
+
+    def flush(self, end_doc, start):
+        while self.states and self.states[0]["doc"] <= end_doc:  # the latest hub position at or before end_doc
+            self.checkpoint = self.states.popleft()
+        split = self.split or ("train" if sum(self.out.counts.values()) else "val")
+        self.out.submit(split, {"tokens": self.fill, "end_doc": end_doc, "end_doc_tokens": self.written - start,
+                                **({"checkpoint": self.checkpoint} if self.checkpoint else {})}, self.buf[: self.fill])
+        self.buf, self.fill = np.empty(len(self.buf), np.uint16), 0
+
+    def finish(self):
+        """At the end of the input: the shorter last shard too."""
+        if self.fill:
+            self.flush(self.unit, self.unit_start)
+
+
+def draws(seed, units):
+    """A number in [0, 1) for each unit, fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
+    z = np.asarray(units, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed % 2**64)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = (z ^ (z >> np.uint64(shift))) * np.uint64(factor)
+    return ((z ^ (z >> np.uint64(31))) >> np.uint64(11)) / 2.0**53
+
+
+class SplitRouter:
+    """--val_tokens: sends each unit to the val or the train cutter. A unit is val if draws(seed, unit) <
+    rate and the val units before it hold fewer than `quota` tokens. Each unit of a document starts with
+    <|endoftext|>, except a .txt unit that follows its text's previous unit in the same split: there the
+    text simply goes on. A resumed run reads the input from the start: the units before each split's
+    last shard are not tokenized (keep), or are dropped here, and the tokens before the val quota's
+    state are taken from the val shards."""
+
+    def __init__(self, cutters, seed, rate, quota):
+        self.cutters, self.seed, self.rate, self.quota = cutters, seed, rate, quota
+        self.first = {split: c.unit for split, c in cutters.items()}  # units before these are in shards already
+        self.val_tokens = cutters["val"].pos  # tokens of the val units before the next one to come
+        self.split, self.feed, self.last = "train", False, -1  # the last unit: its split, whether it goes to its cutter, its number
+
+    def candidate(self, unit):
+        return draws(self.seed, [unit])[0] < self.rate
+
+    def keep(self, unit):
+        """Whether the unit may still be needed (else it is in shards already, and its split is known)."""
+        return unit >= self.first["val" if self.candidate(unit) else "train"]
+
+    def add(self, tokens, starts, units, new_doc):
+        out = {split: ([], [], []) for split in self.cutters}  # per split: token arrays, which of them start units, unit numbers
+        bounds, candidates = [0, *starts.tolist(), len(tokens)], draws(self.seed, units) < self.rate
+        for j in range(len(bounds) - 1):  # j = 0: the rest of the last chunk's last unit; j > 0: unit units[j - 1]
+            part = tokens[bounds[j] : bounds[j + 1]]
+            if j:
+                u = units[j - 1]
+                before = self.split if self.last == u - 1 else ("val" if self.candidate(u - 1) else "train")
+                self.split = "val" if candidates[j - 1] and self.val_tokens < self.quota else "train"
+                if not new_doc[j - 1] and self.split == before:
+                    part = part[1:]  # drop its <|endoftext|>: the text goes on in this split
+                self.feed, self.last = u >= self.first[self.split], u
+            self.val_tokens += len(part) * (self.split == "val")
+            if self.feed:
+                parts, heads, numbers = out[self.split]
+                if j:
+                    heads.append(len(parts))
+                    numbers.append(u)
+                parts.append(part)
+        for split, (parts, heads, numbers) in out.items():
+            if parts and not self.cutters[split].out.stopped:
+                begins = np.cumsum([0] + [len(p) for p in parts])[heads]
+                self.cutters[split].add(np.concatenate(parts), begins.astype(np.int64), numbers)
 
 
 # -----------------------------------------------------------------------------
@@ -316,6 +409,14 @@ def count_arg(text):
     except ValueError:
         pass
     raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 2**31-1")
+
+
+def val_tokens_arg(text):
+    """A fraction in (0, 1), or a count of tokens as count_arg takes it."""
+    try:
+        return value if 0 < (value := float(text)) < 1 else count_arg(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 nor a whole number of tokens") from None
 
 
 def hub_name(args):
@@ -334,7 +435,12 @@ def build_parser():
     p.add_argument("--output_dir", default="edu_fineweb10B", help="shards and manifest.json go here")
     p.add_argument("--prefix", default=None, help="shard names <prefix>_val_000000.bin, <prefix>_train_000001.bin, ...; "
                    "None: edufineweb for the hub, the first --input file's name (letters and digits) for local files")
-    p.add_argument("--shard_size", type=count_arg, default=10**8, help="tokens per shard (1e8 style accepted); shard 0 is validation")
+    p.add_argument("--shard_size", type=count_arg, default=10**8, help="tokens per shard (1e8 style accepted); "
+                   "without --val_tokens, shard 0 is validation")
+    p.add_argument("--val_tokens", type=val_tokens_arg, help="validation drawn from across all inputs: a fraction (0.001) of "
+                   "all tokens or a token count (1e6); it goes to val shards, the rest to train shards. The unit drawn is a "
+                   "document; in a .txt, a piece of at least 2 KiB cut at a line break. Without it, shard 0 (the first tokens) is validation")
+    p.add_argument("--seed", type=int, default=1337, help="which units --val_tokens draws")
     p.add_argument("--num_proc", type=int, default=CPUS, help=f"tokenizer processes (1 to {4 * CPUS})")
     p.add_argument("--max_shards", type=int, default=0, help="stop after this many shards in the folder (0: all); run again to go on")
     p.add_argument("--overwrite", action="store_true", help="delete shards made with other arguments and start over")
@@ -378,9 +484,35 @@ def content_hash(path):
         return hashlib.sha256(b"".join(pool.map(block, range(max(1, -(-os.path.getsize(path) // HASH_BLOCK)))))).hexdigest()
 
 
+def val_split(args):
+    """(rate, quota) of --val_tokens: a fraction is the rate, with no quota; a count X is the quota, and
+    the rate is X over the input's estimated size in tokens."""
+    if args.val_tokens < 1:
+        return args.val_tokens, math.inf
+    if args.input:
+        total = sum(text_bytes(path, args.text_field) for path in args.input) / BYTES_PER_TOKEN
+    elif (total := KNOWN_TOKENS.get((args.dataset, args.name))) is None:
+        raise UserError(f"--val_tokens {args.val_tokens}: the size of {hub_name(args)} is unknown, so a count of tokens cannot "
+                        "be spread over it; give a fraction of it instead (e.g. --val_tokens 0.001)")
+    if args.val_tokens >= total:
+        raise UserError(f"--val_tokens {args.val_tokens:,}: the input holds only about {total:,.0f} tokens; ask for fewer, or give a fraction")
+    return args.val_tokens / total, args.val_tokens
+
+
+def text_bytes(path, field):
+    """The file's size; for a .parquet, the uncompressed size of its text column."""
+    if not path.lower().endswith(".parquet"):
+        return os.path.getsize(path)
+    meta = open_parquet(path, field).metadata
+    columns = (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    return sum(c.total_uncompressed_size for c in columns if c.path_in_schema == field)
+
+
 def output_args(args):
     """What decides the shards' content: a rerun must match these to resume."""
     out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
+    if args.val_tokens:
+        out.update(val_tokens=args.val_tokens, seed=args.seed)
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
     try:
@@ -399,12 +531,16 @@ def read_manifest(args):
             m = json.load(f)
         if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool) and isinstance(m["prefix"], str)):
             raise ValueError('"args", "shards", "complete" or "prefix" of the wrong type')
-        total = 0
+        counts, totals, by_split = Counter(), Counter(), bool(m["args"].get("val_tokens"))  # shards per split; tokens per stream
         for i, s in enumerate(m["shards"]):
-            if not (s["name"] == shard_name(m["prefix"], i) and isinstance(s["sha256"], str) and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
+            split = split_of(s["name"]) if by_split else "train" if i else "val"
+            totals[split if by_split else None] += s["tokens"]
+            if not (s["name"] == shard_name(m["prefix"], split, counts) and isinstance(s["sha256"], str)
+                    and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
                     and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens"))
-                    and s["end_doc_tokens"] <= (total := total + s["tokens"])):
+                    and s["end_doc_tokens"] <= totals[split if by_split else None]):
                 raise ValueError(f"shard entry {i} is not one fineweb.py writes")
+            counts[split] += 1
         return m
     except (OSError, ValueError, KeyError, TypeError) as e:
         if args.overwrite:
@@ -420,7 +556,7 @@ def check_resume(args, old, want):
         raise UserError(f"--input {next(n['path'] for o, n in zip(olds, news) if o != n)} changed since the shards in {args.output_dir} "
                         "were made from it; pass --overwrite to start over with its new content (or put the old file back to resume)")
     if old["args"] != want:
-        key = next(k for k in sorted(set(old["args"]) | set(want)) if old["args"].get(k) != want.get(k))
+        key = next(k for k in {**old["args"], **want} if old["args"].get(k) != want.get(k))
         raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {json.dumps(old['args'].get(key))[:100]}, "
                         f"now {json.dumps(want.get(key))[:100]}); rerun with the same arguments to resume, "
                         "pass --overwrite to start over, or choose another --output_dir")
@@ -437,6 +573,7 @@ def main(argv=None):
         return download(args)
     out, old = args.output_dir, read_manifest(args)
     want = output_args(args)
+    val = val_split(args) if args.val_tokens else None
     resume = bool(old and old["shards"] and not args.overwrite)
     if resume:
         check_resume(args, old, want)
@@ -459,7 +596,7 @@ def main(argv=None):
                 raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({os.path.basename(others[0])}, ...); "
                                 "train_gpt2.py would read them too: choose another --output_dir or remove them")
             save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
-            make_shards(args, manifest, ds, pool)
+            make_shards(args, manifest, ds, pool, val)
     except OSError as e:  # a full disk, a folder we may not write: the shards so far are intact
         raise UserError(f"cannot write shards to {out} ({brief(e)}); free space or pick another --output_dir "
                         "(rerunning the same command resumes after the last complete shard)") from None
@@ -468,45 +605,65 @@ def main(argv=None):
                         "written are kept: run the same command again to resume (with a smaller --num_proc if memory is short)") from None
 
 
-def make_shards(args, manifest, ds, pool):
+def make_shards(args, manifest, ds, pool, val):
     from tqdm import tqdm
 
-    shards, progress, states = manifest["shards"], {"bytes": 0}, deque()
-    skip = shards[-1]["end_doc"] if shards else 0
+    shards, progress, states = manifest["shards"], {"bytes": 0}, None if val else deque()
+    last = shards[-1] if shards and not val else None  # with --val_tokens, a resumed run reads the input from the start
+    count = dict.fromkeys(("units", "documents"), last["end_doc"] if last else 0)  # read so far: documents before are skipped
     if shards:
-        print(f"resuming after {len(shards)} shards in {args.output_dir}: skipping {skip:,} documents already done")
+        print(f"resuming after {len(shards)} shards in {args.output_dir}: " + (f"skipping {last['end_doc']:,} documents already done"
+              if last else "reading the input from the start (--val_tokens), tokenizing only what is not in shards yet"))
     if args.input:
-        docs, total, unit = read_local(args.input, args.text_field, skip, progress), sum(map(os.path.getsize, args.input)), "B"
+        docs, total, unit = read_local(args.input, args.text_field, count["units"], progress), sum(map(os.path.getsize, args.input)), "B"
     else:
         print(f"streaming {hub_name(args)} from the Hugging Face hub")
-        docs = read_hub(ds, args, skip, shards[-1].get("checkpoint") if shards else None, states)
+        docs = read_hub(ds, args, count["units"], last and last.get("checkpoint"), states)
         total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
     # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress). Leaving
     # the with-block: reading stops, and a shard being written is finished and recorded.
     with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
-            ThreadPoolExecutor(1) as writer, closing(make_chunks(docs)) as chunks:
-        cutter = ShardCutter(args, manifest, states, print if bar.disable else bar.write, writer)
+            ThreadPoolExecutor(1) as writer:
+        out = ShardWriter(args, manifest, print if bar.disable else bar.write, writer)
+        cutters = {split: ShardCutter(split, out, states) for split in (("val", "train") if val else (None,))}
+        sink = SplitRouter(cutters, args.seed, *val) if val else cutters[None]
         t0, new_tokens = time.time(), 0
-        bar.update(cutter.written if unit == "tok" else 0)
-        for tokens, starts in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
-            cutter.add(tokens, starts)
-            new_tokens += len(tokens)
-            bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
-            if cutter.stopped:
-                break
-        if cutter.written == 0:
+        bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
+        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, sink.keep if val and shards else None)) as chunks:
+            for tokens, *rest in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
+                sink.add(tokens, *rest)
+                new_tokens += len(tokens)
+                bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
+                if out.stopped:
+                    break
+        if not any(c.written for c in cutters.values()):
             raise UserError("the input holds no documents")
-        cutter.finish(complete=not cutter.stopped)
+        for c in cutters.values() if not out.stopped else ():
+            c.finish()
+        out.wait()
+        if not out.stopped:
+            manifest.update(complete=True, documents=count["documents"], tokens=sum(c.written for c in cutters.values()))
+            if val:
+                manifest.update(units=count["units"], val={"tokens": cutters["val"].written, "rate": val[0]})
+            save_json(os.path.join(args.output_dir, "manifest.json"), manifest)
     speed = f"{new_tokens / max(time.time() - t0, 1e-9) / 1e6:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
     if not manifest["complete"]:
         return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); run again without it to go on")
     print(f"done: {len(shards)} shards, {manifest['tokens']:,} tokens of {manifest['documents']:,} documents in {args.output_dir} ({speed})")
-    if len(shards) < 2:
-        print(f"note: that is only a validation shard; train_gpt2.py needs train shards too: use a smaller --shard_size (now {args.shard_size:,})")
-    elif shards[-1]["tokens"] < BATCH_TOKENS < args.shard_size:
-        print(f"warning: the last shard {shards[-1]['name']} holds only {shards[-1]['tokens']:,} tokens, fewer than one batch of "
-              f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot train on it; "
-              "a smaller --batch_size x --seq_len can")
+    if val:
+        got = cutters["val"].written
+        print(f"validation: {got:,} tokens ({got / manifest['tokens']:.2%}) drawn from across the input (seed {args.seed})" + (
+              f"; fewer than the {val[1]:,} asked for, as the input's size was overestimated (at ~{BYTES_PER_TOKEN} bytes per "
+              "token): ask for more, or give a fraction" if got < val[1] < math.inf else ""))
+    ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
+    if "train" not in ends:
+        print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "
+              + ("--val_tokens" if val else f"--shard_size (now {args.shard_size:,})"))
+    for split, s in ends.items():
+        if s["tokens"] < BATCH_TOKENS < args.shard_size and (val or split == "train"):
+            print(f"warning: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one batch of "
+                  f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot use it; "
+                  "a smaller --batch_size x --seq_len can")
 
 
 def download(args):
