@@ -605,6 +605,7 @@ class DataLoaderLite:
         need = B * T * world_size + 1
         sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
         self.shards = [path for path in found if sizes[path] >= need]
+        self.total_tokens = sum(sizes[path] for path in self.shards)  # one epoch (the last partial stride of each shard too)
         short = [path for path in found if sizes[path] < need]
         if not self.shards:
             raise UserError(f"no {split} shard in {data_dir} holds one batch of {need} tokens (batch_size*seq_len*world_size+1 = "
@@ -1643,7 +1644,8 @@ def train(args, ckpt=None, ckpt_path=None):
                     break
         if ddp:
             say(optimizer_state_line(optimizer, world_size, device))
-        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start))
+        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start,
+                        tokens_seen, train_loader.total_tokens))
     finally:
         track.close()
         if ddp and dist.is_initialized():
@@ -1885,9 +1887,10 @@ def format_seconds(seconds):
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall):
+def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall, tokens_seen=None, epoch_tokens=None):
     """One line at the end of a run: the median step time after warm-up (the first steps compile
-    and fill caches), tokens/s, MFU, peak GPU memory, the last val loss and the wall time."""
+    and fill caches), tokens/s, MFU, peak GPU memory, the tokens trained on (and how many epochs of the
+    train split that is), the last val loss and the wall time."""
     timed = step_times[min(len(step_times) // 5, 10):] or step_times
     if not timed:
         return "summary: no steps run"
@@ -1898,6 +1901,8 @@ def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type,
         parts.append(f"mfu {100 * flops_per_token * tok_s / peak:.1f}%")
     if device_type == "cuda":
         parts.append(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    if tokens_seen is not None:
+        parts.append(f"{tokens_seen:,} tokens" + (f" ({tokens_seen / epoch_tokens:.2f} epochs)" if epoch_tokens else ""))
     if val_loss is not None:
         parts.append(f"val loss {val_loss:.4f}")
     parts.append(f"wall {format_seconds(wall)}")

@@ -1,6 +1,7 @@
 """The training loop: loss falls, gradient accumulation, 2-process DDP, checkpoints, flags."""
 
 import copy
+import glob
 import os
 
 import torch
@@ -136,3 +137,6 @@ def test_a_run_ends_with_a_summary_line(shards, tmp_path, capsys):
     tok_s = float(re.search(r"\| ([\d,]+) tok/s", summary[0]).group(1).replace(",", ""))
     assert abs(tok_s - 256 / (got / 1000)) <= 256 / (got / 1000) * 0.06 / got + 1  # from the median, not an average
     assert f"val loss {read_log(str(tmp_path / 'log'))['val'][9]:.4f}" in summary[0]
+    # tokens trained on, and epochs over the train shards as written on disk
+    train_tokens = sum(len(train_gpt2.read_shard(p)) for p in glob.glob(os.path.join(shards, "*_train_*.bin")))
+    assert f"| {10 * 256:,} tokens ({10 * 256 / train_tokens:.2f} epochs) |" in summary[0], summary[0]
