@@ -454,6 +454,9 @@ def check_args(args):
         raise UserError("--max_shards must be 0 (all) or more")
     if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
         raise UserError(f"--output_dir {args.output_dir!r} is {'a file' if args.output_dir else 'empty'}; name a folder")
+    if args.download is not None and args.val_tokens is not None:
+        raise UserError("--val_tokens draws validation while tokenizing; --download fetches shards made elsewhere, "
+                        "with their own split: use one or the other")
     if args.download == "" or (args.download is None and not args.input and not args.dataset):
         raise UserError(f"--{'dataset' if args.download is None else 'download'} is empty; name a Hugging Face dataset repo")
     if not args.text_field:

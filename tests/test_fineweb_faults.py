@@ -307,6 +307,7 @@ CASES = {
     "download empty": (["--download", ""], ["--download"]),
     "download offline": (["--download", "kjj0/fineweb10B-gpt2"], ["kjj0/fineweb10B-gpt2", "network"], offline),
     "download max_shards": (["--download", "x/y", "--max_shards", "-1"], ["--max_shards"]),
+    "download val_tokens": (["--download", "x/y", "--val_tokens", "0.01"], ["--val_tokens", "--download"]),
 }
 
 
