@@ -515,7 +515,8 @@ def output_args(args):
     """What decides the shards' content: a rerun must match these to resume."""
     out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
     if args.val_tokens:
-        out.update(val_tokens=args.val_tokens, seed=args.seed)
+        # how a .txt is cut into units decides which are drawn: a resume under other constants is refused
+        out.update(val_tokens=args.val_tokens, seed=args.seed, unit_chars=[UNIT_CHARS, CHUNK_CHARS])
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
     try:

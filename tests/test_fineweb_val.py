@@ -262,6 +262,17 @@ def test_other_val_tokens_or_seed_is_refused(tmp_path, capsys):
     assert shard_bytes(out) == before
 
 
+def test_a_resume_under_other_unit_sizes_is_refused(tmp_path, capsys, monkeypatch):
+    """Which .txt units are drawn depends on how the text is cut: a resume cut otherwise would mix two draws."""
+    paths, _ = write_inputs(str(tmp_path / "in"))
+    out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.1, "--max_shards", 2)
+    before = shard_bytes(out)
+    monkeypatch.setattr(fineweb, "UNIT_CHARS", 400)
+    result = fineweb_cli(capsys, "--input", *paths, "--output_dir", out, "--shard_size", 1000, "--val_tokens", 0.1)
+    assert_cli_error(result, "unit_chars", "--overwrite")
+    assert shard_bytes(out) == before
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "-0.2", "nan", "inf", "x", "", "1.5", "1e6", "hub"])
 def test_bad_val_tokens_is_one_line(tmp_path, capsys, value):
     paths, _ = write_inputs(str(tmp_path / "in"), txt=False)  # about 30,000 tokens
