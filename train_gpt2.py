@@ -1563,8 +1563,8 @@ def train(args, ckpt=None, ckpt_path=None):
             start_log(log_file, ckpt, ckpt_path)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
-        hellaswag_examples = hellaswag_for_run(args, rank, world_size, device)
-        tokenizer = get_tokenizer() if (args.sample_every or hellaswag_examples) else None
+        score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp)
+        tokenizer = get_tokenizer() if args.sample_every else None
 
         flops_per_token = raw_model.flops_per_token()
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
@@ -1594,12 +1594,9 @@ def train(args, ckpt=None, ckpt_path=None):
                     if master:
                         log_line(log_file, f"{step} val {val_loss:.4f}")
                         track.log(step, {"val/loss": val_loss})
-                if hellaswag_examples and (step % args.hellaswag_every == 0 or last_step):
-                    import hellaswag
-
-                    with autocast:  # under --fsdp every rank scores every example: each forward needs all ranks
-                        result = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, rank=0 if fsdp else rank,
-                                                    world_size=1 if fsdp else world_size)
+                if score_hellaswag and (step % args.hellaswag_every == 0 or last_step):
+                    with autocast:
+                        result = score_hellaswag(eval_model)
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
                     if master:
                         log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
@@ -1688,14 +1685,19 @@ def training_loader(args, rank, world_size, warn):
     return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
 
 
-def hellaswag_for_run(args, rank, world_size, device):
-    """This rank's share of the HellaSwag examples for the in-loop evaluation; None when it is off."""
+def hellaswag_for_run(args, rank, world_size, device, fsdp):
+    """The in-loop HellaSwag: a function scoring a model on this rank's share of the examples (under
+    --fsdp every rank scores every example: each forward needs all ranks); None when it is off."""
     if not args.hellaswag_every:
         return None
     import hellaswag  # here, not at the top: hellaswag.py imports this file in its main()
 
-    return hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
-                                           asked="hellaswag_every" in args.explicit)
+    examples = hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
+                                               asked="hellaswag_every" in args.explicit)
+    if not examples:
+        return None
+    tokenizer, rank, world_size = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
+    return lambda model: hellaswag.evaluate(model, examples, tokenizer, device, rank=rank, world_size=world_size)
 
 
 def seed_and_precision(seed, device_type):

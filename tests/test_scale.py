@@ -14,6 +14,7 @@ checks that the comparison sees it.
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -214,6 +215,28 @@ def test_two_nodes_of_one_process_each(runs):
     assert len(writers) == 1  # global rank 0 alone logs and saves (both nodes have a LOCAL_RANK 0)
     assert "world size 2" in writers[0]
     assert_same_run(runs, log_dir, writers[0])
+
+
+def test_in_loop_hellaswag_scores_alike_in_every_mode(runs, tmp_path):
+    """Step 0's HellaSwag (the same initial weights in every mode) from one process, from DDP (ranks
+    score disjoint shares) and from --fsdp (every rank scores every example): the same count."""
+    hella = str(tmp_path / "hellaswag.jsonl")
+    with open(hella, "w") as f:
+        for i, (ctx, endings) in enumerate([("A man sits at a piano and", ["plays a song", "eats", "the sky", "runs up a hill"]),
+                                            ("The cat", ["sleeps on the mat", "is a", "writes code", "flies"]),
+                                            ("She opens the door and", ["walks in", "green", "the the", "sings loudly"]),
+                                            ("Two dogs run across", ["the park", "a dog", "slowly the", "of"]),
+                                            ("He picks up the phone to", ["call his mother", "phone", "red car", "and and"])]):
+            f.write(json.dumps({"ctx": ctx, "endings": endings, "label": i % 4}) + "\n")
+    flags = [*TINY_FLAGS, "--data_dir", runs["data"], "--max_steps", "1", "--eval_every", "0", "--save_every", "0",
+             "--hellaswag_every", "1", "--hellaswag_data", hella]
+    one = str(tmp_path / "one")
+    train_gpt2.main([*flags, "--log_dir", one])
+    want = read_log(one)["hella"][0]
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
+        result = torchrun(2, *flags, "--log_dir", str(tmp_path / name), *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert read_log(str(tmp_path / name))["hella"][0] == want, name
 
 
 def test_zero_and_fsdp_together_are_refused(shards, tmp_path):
