@@ -50,6 +50,8 @@ def leave_torchrun_worker(code):
     teardown then aborts the process (SIGABRT, "terminate called without an active exception", exit -6),
     once in ~10 runs on a busy 2-core machine (pytorch/pytorch#190489). Every file the scripts write is
     closed by now, so flushing stdout and stderr is all the teardown that matters."""
+    if code is not None and not isinstance(code, int):  # sys.exit("message") prints it, as Python's teardown would
+        print(code, file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
