@@ -8,16 +8,9 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
 
 Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
 dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens, in input order, cut into llm.c .bin shards of
-exactly --shard_size tokens (the last shorter). Shard 0 is validation; with --val_tokens, units drawn from
-across the input (documents, or pieces of a .txt) go to val shards and the rest to train shards instead.
-
-manifest.json: "source", "tokenizer", "prefix", "args" (what decides the content; for local files their
-paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc", "end_doc_tokens",
-"checkpoint"}], "complete". Shard i ends in unit end_doc, end_doc_tokens of whose tokens are in the shards
-up to i of its stream (all shards; with --val_tokens, its split's). The same command again resumes after
-the last complete shard, skipping the documents before it (a hub stream restarts at "checkpoint", a
-position a few documents before end_doc); with --val_tokens it reads the input from the start instead,
-tokenizing only the units not in shards yet.
+exactly --shard_size tokens (the last shorter). Shard 0 is validation, or with --val_tokens, units drawn from
+across the input go to val shards. manifest.json records each shard and the document it ends in, so the
+same command again resumes after the last complete shard. docs/data.md tells the rest.
 """
 
 import argparse
