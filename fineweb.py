@@ -191,11 +191,11 @@ def read_hub(ds, args, skip, checkpoint, states):
 
 
 # -----------------------------------------------------------------------------
-# Tokenizing and cutting shards. A unit is a document; with --val_tokens, a .txt is cut into units of at
-# least UNIT_CHARS characters. Units are numbered over all inputs in order, and tokenized a piece at a time.
+# Tokenizing and cutting shards. A unit is a document, or with --val_tokens a piece of a .txt of at least
+# UNIT_CHARS characters; units are numbered over all inputs in order.
 
 
-def chunks(docs, count, unit_chars, keep):
+def make_chunks(docs, count, unit_chars, keep):
     """Lists of about CHUNK_CHARS characters of pieces (unit, new_doc, first, text): `first` if the piece starts
     unit number `unit`, `new_doc` if that unit starts a document. Units that keep(unit) refuses are left out.
     count: the units and documents read so far."""
@@ -293,8 +293,10 @@ class ShardWriter:
 
 class ShardCutter:
     """Cuts one stream of units' tokens into shards: split None, all units (the first shard val, the rest
-    train); else that split's. A resumed stream starts again at the unit its last shard ended in: the
-    tokens already in shards are dropped. states: hub positions to record in the shards (see read_hub)."""
+    train); else that split's. Each shard records the unit it ends in (end_doc) and how many of that unit's
+    tokens the stream holds up to there (end_doc_tokens), and with `states` (see read_hub) a hub position
+    at or before that unit. A resumed stream starts again at the unit its last shard ended in: the tokens
+    already in shards are dropped."""
 
     def __init__(self, split, out, states=None):
         self.split, self.out, self.states = split, out, states
@@ -613,8 +615,8 @@ def make_shards(args, manifest, ds, pool, val):
         router = Router(cutters, args.seed, val)
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
-        with closing(chunks(docs, count, UNIT_CHARS if val else 0, router.keep)) as todo:
-            for chunk, (tokens, ends) in tokenized(todo, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in todo):
+        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, router.keep)) as chunks:
+            for chunk, (tokens, ends) in tokenized(chunks, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in chunks):
                 router.add(chunk, tokens, ends)
                 new_tokens += len(tokens)
                 bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
