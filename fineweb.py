@@ -322,7 +322,9 @@ class ShardCutter:
         while self.states and self.states[0]["doc"] <= self.unit:  # the latest hub position at or before the unit
             self.checkpoint = self.states.popleft()
         entry = {"tokens": self.fill, "end_doc": self.unit, "end_doc_tokens": self.written - self.unit_start}
-        self.out.submit(self.split, dict(entry, **({"checkpoint": self.checkpoint} if self.checkpoint else {})), self.buf[: self.fill])
+        if self.checkpoint:
+            entry["checkpoint"] = self.checkpoint
+        self.out.submit(self.split, entry, self.buf[: self.fill])
         self.buf, self.fill = np.empty(len(self.buf), np.uint16), 0
 
     def finish(self):
@@ -616,7 +618,8 @@ def make_shards(args, manifest, ds, pool, val):
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
         with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, router.keep)) as chunks:
-            for chunk, (tokens, ends) in tokenized(chunks, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in chunks):
+            results = tokenized(chunks, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in chunks)
+            for chunk, (tokens, ends) in results:
                 router.add(chunk, tokens, ends)
                 new_tokens += len(tokens)
                 bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
