@@ -8,16 +8,9 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
 
 Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
 dataset) becomes <|endoftext|> and its tiktoken `gpt2` tokens, in input order, cut into llm.c .bin shards of
-exactly --shard_size tokens (the last shorter). Shard 0 is validation; with --val_tokens, units drawn from
-across the input (documents, or pieces of a .txt) go to val shards and the rest to train shards instead.
-
-manifest.json: "source", "tokenizer", "prefix", "args" (what decides the content; for local files their
-paths and content hashes), "shards": [{"name", "tokens", "sha256", "end_doc", "end_doc_tokens",
-"checkpoint"}], "complete". Shard i ends in unit end_doc, end_doc_tokens of whose tokens are in the shards
-up to i of its stream (all shards; with --val_tokens, its split's). The same command again resumes after
-the last complete shard, skipping the documents before it (a hub stream restarts at "checkpoint", a
-position a few documents before end_doc); with --val_tokens it reads the input from the start instead,
-tokenizing only the units not in shards yet.
+exactly --shard_size tokens (the last shorter). Shard 0 is validation, or with --val_tokens, units drawn from
+across the input go to val shards. manifest.json records each shard and the document it ends in, so the
+same command again resumes after the last complete shard. docs/data.md tells the rest.
 """
 
 import argparse
@@ -198,49 +191,44 @@ def read_hub(ds, args, skip, checkpoint, states):
 
 
 # -----------------------------------------------------------------------------
-# Tokenizing and cutting shards
+# Tokenizing and cutting shards. A unit is a document, or with --val_tokens a piece of a .txt of at least
+# UNIT_CHARS characters; units are numbered over all inputs in order.
 
 
-def make_chunks(docs, count, unit_chars=0, keep=None):
-    """(texts, first, units, new_doc) of about CHUNK_CHARS characters; first[i]: texts[i] starts a unit, whose
-    number and whether it starts a document are in units and new_doc. A unit is a document; with unit_chars, a
-    .txt is cut into units of at least that size. Units are numbered from count["units"]; those keep(number)
-    refuses are not tokenized. count: the units and documents read so far."""
-    texts, first, units, new_doc, size = [], [], [], [], 0
+def make_chunks(docs, count, unit_chars, keep):
+    """Lists of about CHUNK_CHARS characters of pieces (unit, new_doc, first, text): `first` if the piece starts
+    unit number `unit`, `new_doc` if that unit starts a document. Units that keep(unit) refuses are left out.
+    count: the units and documents read so far."""
+    chunk, size = [], 0
     for doc in docs:
         count["documents"] += 1
         if isinstance(doc, str) or not unit_chars:  # one unit: a str, or a .txt's pieces as read
             doc_units = [split_document(doc) if isinstance(doc, str) else doc]
         else:
-            doc_units = ((unit,) for piece in doc for unit in split_document(piece, unit_chars))
+            doc_units = ([unit] for piece in doc for unit in split_document(piece, unit_chars))
         for k, pieces in enumerate(doc_units):
-            count["units"] = (u := count["units"]) + 1
-            if keep and not keep(u):
+            count["units"] = (unit := count["units"]) + 1
+            if not keep(unit):
                 continue
-            units.append(u)
-            new_doc.append(k == 0)
-            for i, piece in enumerate(pieces):
-                texts.append(piece)
-                first.append(i == 0)
-                if (size := size + len(piece) + 1) >= CHUNK_CHARS:
-                    yield texts, first, units, new_doc
-                    texts, first, units, new_doc, size = [], [], [], [], 0
-    if texts:
-        yield texts, first, units, new_doc
+            for i, text in enumerate(pieces):
+                chunk.append((unit, k == 0, i == 0, text))
+                if (size := size + len(text) + 1) >= CHUNK_CHARS:
+                    yield chunk
+                    chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
-def tokenize(texts, first, *meta):
-    """(tokens, starts, *meta): the chunk's tokens as uint16 with <|endoftext|> before each unit, and where those are."""
-    enc, parts, starts, n = get_tokenizer(), [], [], 0
-    for text, is_first in zip(texts, first):
+def tokenize(chunk):
+    """The chunk's tokens as uint16, <|endoftext|> before each unit, and where each piece's tokens end."""
+    enc, parts = get_tokenizer(), []
+    for _, _, first, text in chunk:
         try:  # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in encode_ordinary
             ids = enc.encode_to_numpy(text, disallowed_special=())
         except (AttributeError, UnicodeEncodeError):  # older tiktoken; lone surrogates (JSON escapes), which this repairs
             ids = enc.encode_ordinary(text)
-        starts += [n] * is_first
-        parts += [np.array([EOT_TOKEN] * is_first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
-        n += is_first + len(ids)
-    return np.concatenate(parts).astype(np.uint16), np.array(starts, dtype=np.int64), *meta
+        parts += [np.array([EOT_TOKEN] * first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
+    return np.concatenate(parts).astype(np.uint16), np.cumsum([len(p) for p in parts])[1::2]
 
 
 def init_worker():
@@ -250,14 +238,15 @@ def init_worker():
 
 
 def tokenized(chunks, pool, window):
-    """tokenize(*chunk) of each chunk in input order, at most `window` chunks in flight."""
+    """(chunk, tokenize(chunk)) in input order, at most `window` chunks in flight."""
     pending = deque()
     for chunk in chunks:
-        pending.append(pool.submit(tokenize, *chunk))  # a killed worker breaks the pool: BrokenProcessPool
+        pending.append((chunk, pool.submit(tokenize, chunk)))  # a killed worker breaks the pool: BrokenProcessPool
         if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+            chunk, result = pending.popleft()
+            yield chunk, result.result()
+    for chunk, result in pending:
+        yield chunk, result.result()
 
 
 def save_json(path, obj):
@@ -265,26 +254,31 @@ def save_json(path, obj):
         json.dump(obj, f, indent=1)
 
 
-def shard_name(prefix, split, counts):
-    """The next shard of `split`, after counts[split] of its shards: val shards count from 0, train from 1."""
-    return f"{prefix}_{split}_{counts[split] + (split == 'train'):06d}.bin"
+def split_of(name):
+    return "val" if "_val_" in name else "train"
+
+
+def shard_name(prefix, split, before):
+    """The shard of `split` after `before` of its shards: val shards count from 0, train from 1."""
+    return f"{prefix}_{split}_{before + (split == 'train'):06d}.bin"
 
 
 class ShardWriter:
-    """Writes, hashes and records shards in a thread, one at a time and in the order given; counts them
-    per split (for names and --max_shards)."""
+    """Writes, hashes and records shards in a thread, one at a time and in the order given."""
 
     def __init__(self, args, manifest, log, pool):
         self.args, self.manifest, self.log, self.pool, self.saved = args, manifest, log, pool, None
-        self.counts = Counter(split_of(s["name"]) for s in manifest["shards"])
-        self.stopped = False
+        self.count = len(manifest["shards"])  # written or being written, for --max_shards
+        self.stopped = 0 < args.max_shards <= self.count
 
     def submit(self, split, entry, tokens):
-        entry = {"name": shard_name(self.manifest["prefix"], split, self.counts), **entry}
-        self.counts[split] += 1
         self.wait()  # the shard before is on disk and recorded; or its error comes out here
+        shards = self.manifest["shards"]
+        split = split or ("train" if shards else "val")  # the single stream: its first shard is val
+        entry = {"name": shard_name(self.manifest["prefix"], split, sum(split_of(s["name"]) == split for s in shards)), **entry}
         self.saved = self.pool.submit(self.save, entry, tokens)
-        self.stopped = 0 < self.args.max_shards <= sum(self.counts.values())
+        self.count += 1
+        self.stopped = 0 < self.args.max_shards <= self.count
 
     def wait(self):
         if self.saved is not None:
@@ -297,14 +291,12 @@ class ShardWriter:
         self.log(f"wrote {entry['name']} ({entry['tokens']:,} tokens)")
 
 
-def split_of(name):
-    return "val" if "_val_" in name else "train"
-
-
 class ShardCutter:
-    """Cuts one token stream into shards: with `split` None, the stream of all units, whose first shard
-    is val and the rest train; else the stream of that split's units. Positions index the stream; a
-    resumed stream starts at the unit its last shard ended in, and its tokens already in shards are dropped."""
+    """Cuts one stream of units' tokens into shards: split None, all units (the first shard val, the rest
+    train); else that split's. Each shard records the unit it ends in (end_doc) and how many of that unit's
+    tokens the stream holds up to there (end_doc_tokens), and with `states` (see read_hub) a hub position
+    at or before that unit. A resumed stream starts again at the unit its last shard ended in: the tokens
+    already in shards are dropped."""
 
     def __init__(self, split, out, states=None):
         self.split, self.out, self.states = split, out, states
@@ -312,89 +304,81 @@ class ShardCutter:
         last = mine[-1] if mine else {"end_doc": 0, "end_doc_tokens": 0}
         self.written = sum(s["tokens"] for s in mine)  # tokens in shards and the buffer
         self.pos = self.unit_start = self.written - last["end_doc_tokens"]  # of the next token to come; of the last unit
-        self.unit, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the last unit started; a hub position
+        self.unit, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the last unit added; a hub position
         self.buf, self.fill = np.empty(out.args.shard_size, np.uint16), 0
 
-    def add(self, tokens, starts, units, new_doc=None):
-        """tokens of the stream; starts[j]: where unit units[j] starts in them (before starts[0]: the last unit's)."""
-        starts, i = self.pos + starts, max(0, self.written - self.pos)
-        self.pos += len(tokens)
+    def add(self, unit, tokens):
+        if unit != self.unit:
+            self.unit, self.unit_start = unit, self.pos
+        i, self.pos = max(0, self.written - self.pos), self.pos + len(tokens)
         while i < len(tokens) and not self.out.stopped:
             take = min(len(tokens) - i, len(self.buf) - self.fill)
             self.buf[self.fill : self.fill + take] = tokens[i : i + take]
             self.fill, self.written, i = self.fill + take, self.written + take, i + take
-            if self.fill == len(self.buf):  # the unit of the shard's last token, and where it started
-                j = int(np.searchsorted(starts, self.written - 1, side="right")) - 1
-                self.flush(*((units[j], int(starts[j])) if j >= 0 else (self.unit, self.unit_start)))
-        if len(starts):
-            self.unit, self.unit_start = units[-1], int(starts[-1])
+            if self.fill == len(self.buf):
+                self.flush()
 
-    def flush(self, end_doc, start):
-        while self.states and self.states[0]["doc"] <= end_doc:  # the latest hub position at or before end_doc
+    def flush(self):
+        while self.states and self.states[0]["doc"] <= self.unit:  # the latest hub position at or before the unit
             self.checkpoint = self.states.popleft()
-        split = self.split or ("train" if sum(self.out.counts.values()) else "val")
-        self.out.submit(split, {"tokens": self.fill, "end_doc": end_doc, "end_doc_tokens": self.written - start,
-                                **({"checkpoint": self.checkpoint} if self.checkpoint else {})}, self.buf[: self.fill])
+        entry = {"tokens": self.fill, "end_doc": self.unit, "end_doc_tokens": self.written - self.unit_start}
+        if self.checkpoint:
+            entry["checkpoint"] = self.checkpoint
+        self.out.submit(self.split, entry, self.buf[: self.fill])
         self.buf, self.fill = np.empty(len(self.buf), np.uint16), 0
 
     def finish(self):
         """At the end of the input: the shorter last shard too."""
         if self.fill:
-            self.flush(self.unit, self.unit_start)
+            self.flush()
 
 
-def draws(seed, units):
-    """A number in [0, 1) for each unit, fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
-    z = np.asarray(units, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed % 2**64)
-    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-        z = (z ^ (z >> np.uint64(shift))) * np.uint64(factor)
-    return ((z ^ (z >> np.uint64(31))) >> np.uint64(11)) / 2.0**53
+def draw(seed, unit):
+    """A number in [0, 1) fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
+    z = (unit * 0x9E3779B97F4A7C15 + seed) % 2**64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return ((z ^ (z >> 31)) >> 11) / 2**53
 
 
-class SplitRouter:
-    """--val_tokens: sends each unit to the val or the train cutter. A unit is val if draws(seed, unit) <
-    rate and the val units before it hold fewer than `quota` tokens. Each unit of a document starts with
-    <|endoftext|>, except a .txt unit that follows its text's previous unit in the same split: there the
-    text simply goes on. A resumed run reads the input from the start: the units before each split's
-    last shard are not tokenized (keep), or are dropped here, and the tokens before the val quota's
-    state are taken from the val shards."""
+class Router:
+    """Sends each unit's tokens to its split's cutter. Without --val_tokens (val None) there is one, split None.
+    With it (val: rate, quota), a unit is val if draw(seed, unit) < rate and the val units before it hold
+    fewer than `quota` tokens, else train. A .txt unit that follows its text's previous unit in the same
+    split goes on without <|endoftext|>. A resumed run with --val_tokens reads the input from the start:
+    the units before each cutter's first are in shards already (and so not tokenized: keep)."""
 
-    def __init__(self, cutters, seed, rate, quota):
-        self.cutters, self.seed, self.rate, self.quota = cutters, seed, rate, quota
-        self.first = {split: c.unit for split, c in cutters.items()}  # units before these are in shards already
-        self.val_tokens = cutters["val"].pos  # tokens of the val units before the next one to come
-        self.split, self.feed, self.last = "train", False, -1  # the last unit: its split, whether it goes to its cutter, its number
+    def __init__(self, cutters, seed, val):
+        self.cutters, self.seed, (self.rate, self.quota) = cutters, seed, val or (None, None)
+        self.first = {split: c.unit for split, c in cutters.items()}
+        self.val_tokens = cutters["val"].pos if val else 0  # tokens of the val units before the next one
+        self.split, self.unit = None, -1  # the last unit's split and number
 
-    def candidate(self, unit):
-        return draws(self.seed, [unit])[0] < self.rate
+    def drawn_split(self, unit):
+        """The unit's split while the val quota is not met."""
+        return None if self.rate is None else "val" if draw(self.seed, unit) < self.rate else "train"
 
     def keep(self, unit):
-        """Whether the unit may still be needed (else it is in shards already, and its split is known)."""
-        return unit >= self.first["val" if self.candidate(unit) else "train"]
+        """Whether the unit may still be needed (else it is in shards, and its split is the one drawn)."""
+        return unit >= self.first[self.drawn_split(unit)]
 
-    def add(self, tokens, starts, units, new_doc):
-        out = {split: ([], [], []) for split in self.cutters}  # per split: token arrays, which of them start units, unit numbers
-        bounds, candidates = [0, *starts.tolist(), len(tokens)], draws(self.seed, units) < self.rate
-        for j in range(len(bounds) - 1):  # j = 0: the rest of the last chunk's last unit; j > 0: unit units[j - 1]
-            part = tokens[bounds[j] : bounds[j + 1]]
-            if j:
-                u = units[j - 1]
-                before = self.split if self.last == u - 1 else ("val" if self.candidate(u - 1) else "train")
-                self.split = "val" if candidates[j - 1] and self.val_tokens < self.quota else "train"
-                if not new_doc[j - 1] and self.split == before:
+    def add(self, chunk, tokens, ends):
+        """A tokenized chunk: tokens[ends[i - 1]:ends[i]] are piece i's."""
+        parts = {split: [] for split in self.cutters}
+        for (unit, new_doc, first, _), part in zip(chunk, np.split(tokens, ends[:-1])):
+            if first:
+                before = self.split if self.unit == unit - 1 else self.drawn_split(unit - 1)
+                drawn = self.drawn_split(unit)
+                self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
+                if not new_doc and self.split == before:
                     part = part[1:]  # drop its <|endoftext|>: the text goes on in this split
-                self.feed, self.last = u >= self.first[self.split], u
+                self.unit = unit
             self.val_tokens += len(part) * (self.split == "val")
-            if self.feed:
-                parts, heads, numbers = out[self.split]
-                if j:
-                    heads.append(len(parts))
-                    numbers.append(u)
-                parts.append(part)
-        for split, (parts, heads, numbers) in out.items():
-            if parts and not self.cutters[split].out.stopped:
-                begins = np.cumsum([0] + [len(p) for p in parts])[heads]
-                self.cutters[split].add(np.concatenate(parts), begins.astype(np.int64), numbers)
+            if unit >= self.first[self.split]:
+                parts[self.split].append((unit, part))
+        for split, todo in parts.items():  # a split at a time, val first: the order of the shards in the manifest
+            for unit, part in todo:
+                self.cutters[split].add(unit, part)
 
 
 # -----------------------------------------------------------------------------
@@ -539,7 +523,7 @@ def read_manifest(args):
         for i, s in enumerate(m["shards"]):
             split = split_of(s["name"]) if by_split else "train" if i else "val"
             totals[split if by_split else None] += s["tokens"]
-            if not (s["name"] == shard_name(m["prefix"], split, counts) and isinstance(s["sha256"], str)
+            if not (s["name"] == shard_name(m["prefix"], split, counts[split]) and isinstance(s["sha256"], str)
                     and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
                     and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens"))
                     and s["end_doc_tokens"] <= totals[split if by_split else None]):
@@ -630,12 +614,13 @@ def make_shards(args, manifest, ds, pool, val):
             ThreadPoolExecutor(1) as writer:
         out = ShardWriter(args, manifest, print if bar.disable else bar.write, writer)
         cutters = {split: ShardCutter(split, out, states) for split in (("val", "train") if val else (None,))}
-        sink = SplitRouter(cutters, args.seed, *val) if val else cutters[None]
+        router = Router(cutters, args.seed, val)
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
-        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, sink.keep if val and shards else None)) as chunks:
-            for tokens, *rest in tokenized(chunks, pool, 2 * args.num_proc) if pool else (tokenize(*c) for c in chunks):
-                sink.add(tokens, *rest)
+        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, router.keep)) as chunks:
+            results = tokenized(chunks, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in chunks)
+            for chunk, (tokens, ends) in results:
+                router.add(chunk, tokens, ends)
                 new_tokens += len(tokens)
                 bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
                 if out.stopped:
