@@ -1696,8 +1696,8 @@ def hellaswag_for_run(args, rank, world_size, device, fsdp):
                                                asked="hellaswag_every" in args.explicit)
     if not examples:
         return None
-    tokenizer, rank, world_size = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
-    return lambda model: hellaswag.evaluate(model, examples, tokenizer, device, rank=rank, world_size=world_size)
+    tokenizer, share_rank, shares = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
+    return lambda model: hellaswag.evaluate(model, examples, tokenizer, device, rank=share_rank, world_size=shares)
 
 
 def seed_and_precision(seed, device_type):

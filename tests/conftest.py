@@ -1,5 +1,6 @@
 """Shared test helpers: tiny shards and tiny training commands. Everything is made here, offline."""
 
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,14 @@ def peaked_tiny_gpt(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n
             if p.dim() == 2:
                 p.mul_(15)
     return model.eval()
+
+
+def write_hellaswag(path, n=24):
+    """n HellaSwag-format lines of random words (labels cycling 0-3); returns path."""
+    words = "the a cat dog runs jumps over under house river quickly slowly blue red man woman".split()
+    g = torch.Generator().manual_seed(0)
+    with open(path, "w") as f:
+        for i in range(n):
+            pick = lambda k: " ".join(words[j] for j in torch.randint(0, len(words), (k,), generator=g).tolist())  # noqa: E731
+            f.write(json.dumps({"ctx": pick(8), "endings": [pick(3 + (e + i) % 5) for e in range(4)], "label": i % 4}) + "\n")
+    return path

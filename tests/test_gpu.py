@@ -1,12 +1,10 @@
 """CUDA-only checks (skipped without a GPU): compile, bf16, fused AdamW, and the evals inside a compiled run."""
 
-import json
-
 import pytest
 import torch
 
 import train_gpt2
-from conftest import make_shards, read_log
+from conftest import make_shards, read_log, write_hellaswag
 from train_gpt2 import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -40,15 +38,6 @@ def test_kv_cache_greedy_equals_recompute_on_cuda():
     a = model.generate(prompt, 40, temperature=0, use_cache=True)
     b = model.generate(prompt, 40, temperature=0, use_cache=False)
     assert torch.equal(a, b)
-
-
-def write_hellaswag(path, n=24):
-    words = "the a cat dog runs jumps over under house river quickly slowly blue red man woman".split()
-    g = torch.Generator().manual_seed(0)
-    with open(path, "w") as f:
-        for i in range(n):
-            pick = lambda k: " ".join(words[j] for j in torch.randint(0, len(words), (k,), generator=g).tolist())  # noqa: E731
-            f.write(json.dumps({"ctx": pick(8), "endings": [pick(3 + (e + i) % 5) for e in range(4)], "label": i % 4}) + "\n")
 
 
 def test_compiled_run_with_val_hellaswag_samples_and_resume(tmp_path, capsys):

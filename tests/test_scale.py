@@ -14,7 +14,6 @@ checks that the comparison sees it.
 
 import contextlib
 import io
-import json
 import os
 import re
 import shutil
@@ -28,7 +27,8 @@ import torch
 import generate_tokens
 import hellaswag
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun
+from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun,
+                      write_hellaswag)
 
 RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
 STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
@@ -220,14 +220,7 @@ def test_two_nodes_of_one_process_each(runs):
 def test_in_loop_hellaswag_scores_alike_in_every_mode(runs, tmp_path):
     """Step 0's HellaSwag (the same initial weights in every mode) from one process, from DDP (ranks
     score disjoint shares) and from --fsdp (every rank scores every example): the same count."""
-    hella = str(tmp_path / "hellaswag.jsonl")
-    with open(hella, "w") as f:
-        for i, (ctx, endings) in enumerate([("A man sits at a piano and", ["plays a song", "eats", "the sky", "runs up a hill"]),
-                                            ("The cat", ["sleeps on the mat", "is a", "writes code", "flies"]),
-                                            ("She opens the door and", ["walks in", "green", "the the", "sings loudly"]),
-                                            ("Two dogs run across", ["the park", "a dog", "slowly the", "of"]),
-                                            ("He picks up the phone to", ["call his mother", "phone", "red car", "and and"])]):
-            f.write(json.dumps({"ctx": ctx, "endings": endings, "label": i % 4}) + "\n")
+    hella = write_hellaswag(str(tmp_path / "hellaswag.jsonl"), n=5)
     flags = [*TINY_FLAGS, "--data_dir", runs["data"], "--max_steps", "1", "--eval_every", "0", "--save_every", "0",
              "--hellaswag_every", "1", "--hellaswag_data", hella]
     one = str(tmp_path / "one")
