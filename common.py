@@ -131,7 +131,8 @@ def reachable(url, timeout=3.0):
 
     parsed = urlparse(url)
     try:
-        socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
+                                 timeout=timeout).close()
         return True
     except OSError:
         return False

