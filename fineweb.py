@@ -3,7 +3,7 @@ FineWeb-Edu (or your own text files) -> GPT-2 token shards for train_gpt2.py.
 
     python fineweb.py                          # HF FineWeb-Edu sample-10BT -> edu_fineweb10B/ (~10B tokens, 100 shards)
     python fineweb.py --input data/austen.txt --output_dir data/tiny --shard_size 1e5  # the README's quick start
-    python fineweb.py --input a.jsonl b.parquet c.txt --output_dir mydata --val_tokens 0.005  # validation from all inputs
+    python fineweb.py --input a.jsonl b.parquet c.txt --output_dir mydata --val_tokens 0.005  # val from all inputs
     python fineweb.py --download kjj0/fineweb10B-gpt2 --output_dir fineweb10B  # ready-made llm.c shards
 
 Each document (a .txt file; a .jsonl line or .parquet row with a `text` field; a row of the streamed hub
@@ -35,7 +35,8 @@ from train_gpt2 import EOT_TOKEN, SHARD_HEADER_INTS, get_tokenizer, list_shards,
 
 DEFAULT_DATASET, DEFAULT_NAME = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar's ETA and the rate of --val_tokens N
-BYTES_PER_TOKEN = 4  # of English text in GPT-2 tokens (data/austen.txt: 4.05): a local input's size in tokens, estimated
+# of English text in GPT-2 tokens (data/austen.txt: 4.05): a local input's size in tokens, estimated
+BYTES_PER_TOKEN = 4
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
 CHUNK_CHARS = 1 << 18  # text per work item sent to a worker; also the longest piece a big document is cut into
@@ -88,7 +89,8 @@ def text_of(value, where, field):
     if isinstance(value, str):
         return value
     what = "no" if value is None else f"a {type(value).__name__} in the"
-    raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; use --text_field to read another)')
+    raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; '
+                    "use --text_field to read another)")
 
 
 def read_jsonl(path, field, skip, progress):
@@ -139,7 +141,8 @@ def read_local(paths, field, skip, progress):
     for path in paths:
         try:
             if not path.lower().endswith(".txt"):
-                skip = yield from (read_jsonl if path.lower().endswith(".jsonl") else read_parquet)(path, field, skip, progress)
+                read = read_jsonl if path.lower().endswith(".jsonl") else read_parquet
+                skip = yield from read(path, field, skip, progress)
             elif skip > 0:  # resuming: this document is in finished shards
                 skip, progress["bytes"] = skip - 1, progress["bytes"] + os.path.getsize(path)
             else:
@@ -160,7 +163,8 @@ def load_hub(args):
         raise UserError(f"cannot load {hub_name(args)} from the Hugging Face hub ({brief(e)}); "
                         "check the network and the names, or tokenize local files with --input FILE...") from None
     if ds.column_names is not None and args.text_field not in ds.column_names:
-        raise UserError(f'{args.dataset} has no "{args.text_field}" column (columns: {", ".join(ds.column_names)}); use --text_field')
+        raise UserError(f'{args.dataset} has no "{args.text_field}" column '
+                        f'(columns: {", ".join(ds.column_names)}); use --text_field')
     return ds if ds.column_names is None else ds.select_columns([args.text_field])
 
 
@@ -173,7 +177,8 @@ def read_hub(ds, args, skip, checkpoint, states):
             ds.load_state_dict(checkpoint["state"])
             doc = checkpoint["doc"]
         except Exception as e:  # e.g. a state from another datasets version
-            print(f"cannot restore the stream position ({brief(e)}); streaming from the start to skip {skip:,} documents")
+            print(f"cannot restore the stream position ({brief(e)}); "
+                  f"streaming from the start to skip {skip:,} documents")
             ds = load_hub(args)
     it = iter(ds)
     while True:
@@ -184,7 +189,8 @@ def read_hub(ds, args, skip, checkpoint, states):
         except StopIteration:
             return
         except Exception as e:
-            raise UserError(f"reading {args.dataset} failed at document {doc} ({brief(e)}); run the same command again to resume") from None
+            raise UserError(f"reading {args.dataset} failed at document {doc} ({brief(e)}); "
+                            "run the same command again to resume") from None
         if doc >= skip:
             yield text_of(example.get(args.text_field), f"{args.dataset}: document {doc}", args.text_field)
         doc += 1
@@ -223,9 +229,11 @@ def tokenize(chunk):
     """The chunk's tokens as uint16, <|endoftext|> before each unit, and where each piece's tokens end."""
     enc, parts = get_tokenizer(), []
     for _, _, first, text in chunk:
-        try:  # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in encode_ordinary
+        # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in
+        # encode_ordinary, which serves older tiktoken and repairs lone surrogates (JSON escapes)
+        try:
             ids = enc.encode_to_numpy(text, disallowed_special=())
-        except (AttributeError, UnicodeEncodeError):  # older tiktoken; lone surrogates (JSON escapes), which this repairs
+        except (AttributeError, UnicodeEncodeError):
             ids = enc.encode_ordinary(text)
         parts += [np.array([EOT_TOKEN] * first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
     return np.concatenate(parts).astype(np.uint16), np.cumsum([len(p) for p in parts])[1::2]
@@ -275,7 +283,8 @@ class ShardWriter:
         self.wait()  # the shard before is on disk and recorded; or its error comes out here
         shards = self.manifest["shards"]
         split = split or ("train" if shards else "val")  # the single stream: its first shard is val
-        entry = {"name": shard_name(self.manifest["prefix"], split, sum(split_of(s["name"]) == split for s in shards)), **entry}
+        before = sum(split_of(s["name"]) == split for s in shards)
+        entry = {"name": shard_name(self.manifest["prefix"], split, before), **entry}
         self.saved = self.pool.submit(self.save, entry, tokens)
         self.count += 1
         self.stopped = 0 < self.args.max_shards <= self.count
@@ -303,7 +312,8 @@ class ShardCutter:
         mine = [s for s in out.manifest["shards"] if split in (None, split_of(s["name"]))]
         last = mine[-1] if mine else {"end_doc": 0, "end_doc_tokens": 0}
         self.written = sum(s["tokens"] for s in mine)  # tokens in shards and the buffer
-        self.pos = self.unit_start = self.written - last["end_doc_tokens"]  # of the next token to come; of the last unit
+        # the stream position of the next token to come, and of the last unit's first token
+        self.pos = self.unit_start = self.written - last["end_doc_tokens"]
         self.unit, self.checkpoint = last["end_doc"], last.get("checkpoint")  # the last unit added; a hub position
         self.buf, self.fill = np.empty(out.args.shard_size, np.uint16), 0
 
@@ -400,7 +410,8 @@ def val_tokens_arg(text):
     try:
         return value if 0 < (value := float(text)) < 1 else count_arg(text)
     except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 nor a whole number of tokens") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 "
+                                         "nor a whole number of tokens") from None
 
 
 def hub_name(args):
@@ -415,18 +426,22 @@ def build_parser():
     p.add_argument("--input", nargs="+", metavar="FILE", help="local files instead of the hub: a .txt is one document, "
                    "a .jsonl line or .parquet row is one document; documents keep this order")
     p.add_argument("--text_field", default="text", help="the field or column holding the text")
-    p.add_argument("--download", metavar="REPO_ID", help="instead of tokenizing: fetch the llm.c .bin shards of this hub dataset repo")
+    p.add_argument("--download", metavar="REPO_ID",
+                   help="instead of tokenizing: fetch the llm.c .bin shards of this hub dataset repo")
     p.add_argument("--output_dir", default="edu_fineweb10B", help="shards and manifest.json go here")
-    p.add_argument("--prefix", default=None, help="shard names <prefix>_val_000000.bin, <prefix>_train_000001.bin, ...; "
-                   "None: edufineweb for the hub, the first --input file's name (letters and digits) for local files")
+    p.add_argument("--prefix", default=None, help="shard names <prefix>_val_000000.bin, <prefix>_train_000001.bin, "
+                   "...; None: edufineweb for the hub, the first --input file's name (letters and digits) for "
+                   "local files")
     p.add_argument("--shard_size", type=count_arg, default=10**8, help="tokens per shard (1e8 style accepted); "
                    "without --val_tokens, shard 0 is validation")
-    p.add_argument("--val_tokens", type=val_tokens_arg, help="validation drawn from across all inputs: a fraction (0.001) of "
-                   "all tokens or a token count (1e6); it goes to val shards, the rest to train shards. The unit drawn is a "
-                   "document; in a .txt, a piece of at least 2 KiB cut at a line break. Without it, shard 0 (the first tokens) is validation")
+    p.add_argument("--val_tokens", type=val_tokens_arg, help="validation drawn from across all inputs: a fraction "
+                   "(0.001) of all tokens or a token count (1e6); it goes to val shards, the rest to train shards. "
+                   "The unit drawn is a document; in a .txt, a piece of at least 2 KiB cut at a line break. "
+                   "Without it, shard 0 (the first tokens) is validation")
     p.add_argument("--seed", type=int, default=1337, help="which units --val_tokens draws")
     p.add_argument("--num_proc", type=int, default=CPUS, help=f"tokenizer processes (1 to {4 * CPUS})")
-    p.add_argument("--max_shards", type=int, default=0, help="stop after this many shards in the folder (0: all); run again to go on")
+    p.add_argument("--max_shards", type=int, default=0,
+                   help="stop after this many shards in the folder (0: all); run again to go on")
     p.add_argument("--overwrite", action="store_true", help="delete shards made with other arguments and start over")
     return p
 
@@ -437,23 +452,28 @@ def check_args(args):
     if args.max_shards < 0:
         raise UserError("--max_shards must be 0 (all) or more")
     if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
-        raise UserError(f"--output_dir {args.output_dir!r} is {'a file' if args.output_dir else 'empty'}; name a folder")
+        what = "a file" if args.output_dir else "empty"
+        raise UserError(f"--output_dir {args.output_dir!r} is {what}; name a folder")
     if args.download is not None and args.val_tokens is not None:
         raise UserError("--val_tokens draws validation while tokenizing; --download fetches shards made elsewhere, "
                         "with their own split: use one or the other")
     if args.download == "" or (args.download is None and not args.input and not args.dataset):
-        raise UserError(f"--{'dataset' if args.download is None else 'download'} is empty; name a Hugging Face dataset repo")
+        flag = "--dataset" if args.download is None else "--download"
+        raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
     if not args.text_field:
         raise UserError("--text_field must not be empty")
     for path in [] if args.download else args.input or []:
         if not os.path.isfile(path):
-            raise UserError(f"--input {path!r} {'is a directory; pass its files (DIR/*.txt)' if os.path.isdir(path) else 'does not exist'}")
+            what = "is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path) else "does not exist"
+            raise UserError(f"--input {path!r} {what}")
         if not path.lower().endswith(INPUT_TYPES):
             raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
         if path.lower().endswith(".parquet"):
             open_parquet(path, args.text_field)
-    if args.prefix is None:
-        args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local" if args.input else "edufineweb"
+    if args.prefix is None and args.input:
+        args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local"
+    elif args.prefix is None:
+        args.prefix = "edufineweb"
     # list_shards tells the splits apart by "_val_" / "_train_" in the name: the prefix must not fake one
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.prefix) or re.search("_(val|train)_", args.prefix + "_"):
         raise UserError(f"--prefix {args.prefix!r}: use letters, digits, '.', '-', '_' and no '_val'/'_train' part")
@@ -467,8 +487,9 @@ def content_hash(path):
             f.seek(i * HASH_BLOCK)
             return hashlib.sha256(f.read(HASH_BLOCK)).digest()
 
+    blocks = max(1, -(-os.path.getsize(path) // HASH_BLOCK))
     with ThreadPoolExecutor(CPUS) as pool:
-        return hashlib.sha256(b"".join(pool.map(block, range(max(1, -(-os.path.getsize(path) // HASH_BLOCK)))))).hexdigest()
+        return hashlib.sha256(b"".join(pool.map(block, range(blocks)))).hexdigest()
 
 
 def val_split(args):
@@ -479,10 +500,11 @@ def val_split(args):
     if args.input:
         total = sum(text_bytes(path, args.text_field) for path in args.input) / BYTES_PER_TOKEN
     elif (total := KNOWN_TOKENS.get((args.dataset, args.name))) is None:
-        raise UserError(f"--val_tokens {args.val_tokens}: the size of {hub_name(args)} is unknown, so a count of tokens cannot "
-                        "be spread over it; give a fraction of it instead (e.g. --val_tokens 0.001)")
+        raise UserError(f"--val_tokens {args.val_tokens}: the size of {hub_name(args)} is unknown, so a count of "
+                        "tokens cannot be spread over it; give a fraction of it instead (e.g. --val_tokens 0.001)")
     if args.val_tokens >= total:
-        raise UserError(f"--val_tokens {args.val_tokens:,}: the input holds only about {total:,.0f} tokens; ask for fewer, or give a fraction")
+        raise UserError(f"--val_tokens {args.val_tokens:,}: the input holds only about {total:,.0f} tokens; "
+                        "ask for fewer, or give a fraction")
     return args.val_tokens / total, args.val_tokens
 
 
@@ -504,7 +526,9 @@ def output_args(args):
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
     try:
-        return dict(out, inputs=[{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)} for p in args.input])
+        inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)}
+                  for p in args.input]
+        return dict(out, inputs=inputs)
     except OSError as e:
         raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None
 
@@ -517,9 +541,11 @@ def read_manifest(args):
     try:
         with open(path) as f:
             m = json.load(f)
-        if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool) and isinstance(m["prefix"], str)):
+        if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool)
+                and isinstance(m["prefix"], str)):
             raise ValueError('"args", "shards", "complete" or "prefix" of the wrong type')
-        counts, totals, by_split = Counter(), Counter(), bool(m["args"].get("val_tokens"))  # shards per split; tokens per stream
+        # shards per split; tokens per stream
+        counts, totals, by_split = Counter(), Counter(), bool(m["args"].get("val_tokens"))
         for i, s in enumerate(m["shards"]):
             split = split_of(s["name"]) if by_split else "train" if i else "val"
             totals[split if by_split else None] += s["tokens"]
@@ -533,21 +559,25 @@ def read_manifest(args):
     except (OSError, ValueError, KeyError, TypeError) as e:
         if args.overwrite:
             return {"prefix": args.prefix, "shards": []}
-        raise UserError(f"{path} is not a manifest of fineweb.py ({brief(e)}); pass --overwrite to start over, or choose another --output_dir") from None
+        raise UserError(f"{path} is not a manifest of fineweb.py ({brief(e)}); pass --overwrite to start over, "
+                        "or choose another --output_dir") from None
 
 
 def check_resume(args, old, want):
     """Nothing if the shards of manifest `old` were made with these arguments and are intact; else a UserError."""
     olds, news = old["args"].get("inputs"), want.get("inputs")
-    if old["args"] != want and news and olds != news and isinstance(olds, list) \
-            and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) and [o["path"] for o in olds] == [n["path"] for n in news]:
-        raise UserError(f"--input {next(n['path'] for o, n in zip(olds, news) if o != n)} changed since the shards in {args.output_dir} "
-                        "were made from it; pass --overwrite to start over with its new content (or put the old file back to resume)")
+    same_files = isinstance(olds, list) and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) \
+        and [o["path"] for o in olds] == [n["path"] for n in news or []]
+    if old["args"] != want and news and olds != news and same_files:
+        changed = next(n["path"] for o, n in zip(olds, news) if o != n)
+        raise UserError(f"--input {changed} changed since the shards in {args.output_dir} were made from it; pass "
+                        "--overwrite to start over with its new content (or put the old file back to resume)")
     if old["args"] != want:
         key = next(k for k in {**old["args"], **want} if old["args"].get(k) != want.get(k))
-        raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {json.dumps(old['args'].get(key))[:100]}, "
-                        f"now {json.dumps(want.get(key))[:100]}); rerun with the same arguments to resume, "
-                        "pass --overwrite to start over, or choose another --output_dir")
+        was, now = json.dumps(old["args"].get(key))[:100], json.dumps(want.get(key))[:100]
+        raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {was}, now {now}); "
+                        "rerun with the same arguments to resume, pass --overwrite to start over, "
+                        "or choose another --output_dir")
     for shard in old["shards"]:
         path = os.path.join(args.output_dir, shard["name"])
         if not os.path.isfile(path) or os.path.getsize(path) != 4 * SHARD_HEADER_INTS + 2 * shard["tokens"]:
@@ -566,31 +596,42 @@ def main(argv=None):
     if resume:
         check_resume(args, old, want)
         if old["complete"] or 0 < args.max_shards <= len(old["shards"]):
-            return print(f"{out} already has {len(old['shards'])} shards{'' if old['complete'] else ' (--max_shards)'}; nothing to do")
-    manifest = old if resume else {"source": "local files: " + ", ".join(args.input) if args.input else hub_name(args), "tokenizer": "gpt2",
-                                   "shard_size": args.shard_size, "prefix": args.prefix, "args": want, "shards": [], "complete": False}
+            why = "" if old["complete"] else " (--max_shards)"
+            return print(f"{out} already has {len(old['shards'])} shards{why}; nothing to do")
+    source = "local files: " + ", ".join(args.input) if args.input else hub_name(args)
+    manifest = old if resume else {"source": source, "tokenizer": "gpt2", "shard_size": args.shard_size,
+                                   "prefix": args.prefix, "args": want, "shards": [], "complete": False}
     get_tokenizer()  # fail early; forked workers inherit it
+    workers = ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else nullcontext()
     try:  # leaving the with-block ends the workers
-        with ProcessPoolExecutor(args.num_proc, initializer=init_worker) if args.num_proc > 1 else nullcontext() as pool:
-            if pool is not None:
-                pool.submit(int).result()  # fork the workers now, before this process has threads (the hub client's, ours)
+        with workers as pool:
+            if pool is not None:  # fork the workers now, before this process has threads (the hub client's, ours)
+                pool.submit(int).result()
             ds = None if args.input else load_hub(args)  # before anything in the folder changes
             os.makedirs(out, exist_ok=True)
-            for name in os.listdir(out) if old is not None else ():  # ours from before, or unrecorded ones from a crash
-                if re.fullmatch(rf"({re.escape(old['prefix'])}|{re.escape(args.prefix)})_(val|train)_\d{{6}}\.bin(\.tmp)?", name) \
-                        and name not in {s["name"] for s in manifest["shards"]}:
-                    os.remove(os.path.join(out, name))
+            if old is not None:
+                remove_unrecorded(out, (old["prefix"], args.prefix), manifest["shards"])
             if not resume and (others := list_shards(out, "val") + list_shards(out, "train")):
-                raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({os.path.basename(others[0])}, ...); "
-                                "train_gpt2.py would read them too: choose another --output_dir or remove them")
+                raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py "
+                                f"({os.path.basename(others[0])}, ...); train_gpt2.py would read them too: "
+                                "choose another --output_dir or remove them")
             save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
             make_shards(args, manifest, ds, pool, val)
     except OSError as e:  # a full disk, a folder we may not write: the shards so far are intact
         raise UserError(f"cannot write shards to {out} ({brief(e)}); free space or pick another --output_dir "
                         "(rerunning the same command resumes after the last complete shard)") from None
     except BrokenProcessPool:
-        raise UserError(f"a tokenizer process died (killed, e.g. by the out-of-memory killer); the {len(manifest['shards'])} shards "
-                        "written are kept: run the same command again to resume (with a smaller --num_proc if memory is short)") from None
+        raise UserError(f"a tokenizer process died (killed, e.g. by the out-of-memory killer); the "
+                        f"{len(manifest['shards'])} shards written are kept: run the same command again to resume "
+                        "(with a smaller --num_proc if memory is short)") from None
+
+
+def remove_unrecorded(out, prefixes, shards):
+    """Shards (and .tmp files) of ours in `out` that the manifest does not list: from before, or from a crash."""
+    ours = re.compile(rf"({'|'.join(map(re.escape, prefixes))})_(val|train)_\d{{6}}\.bin(\.tmp)?")
+    for name in set(os.listdir(out)) - {s["name"] for s in shards}:
+        if ours.fullmatch(name):
+            os.remove(os.path.join(out, name))
 
 
 def make_shards(args, manifest, ds, pool, val):
@@ -598,20 +639,23 @@ def make_shards(args, manifest, ds, pool, val):
 
     shards, progress, states = manifest["shards"], {"bytes": 0}, None if val else deque()
     last = shards[-1] if shards and not val else None  # with --val_tokens, a resumed run reads the input from the start
-    count = dict.fromkeys(("units", "documents"), last["end_doc"] if last else 0)  # read so far: documents before are skipped
+    # units and documents read so far: those before `last` ends are skipped
+    count = dict.fromkeys(("units", "documents"), last["end_doc"] if last else 0)
     if shards:
-        print(f"resuming after {len(shards)} shards in {args.output_dir}: " + (f"skipping {last['end_doc']:,} documents already done"
-              if last else "reading the input from the start (--val_tokens), tokenizing only what is not in shards yet"))
+        todo = f"skipping {last['end_doc']:,} documents already done" if last else \
+            "reading the input from the start (--val_tokens), tokenizing only what is not in shards yet"
+        print(f"resuming after {len(shards)} shards in {args.output_dir}: {todo}")
     if args.input:
-        docs, total, unit = read_local(args.input, args.text_field, count["units"], progress), sum(map(os.path.getsize, args.input)), "B"
+        docs = read_local(args.input, args.text_field, count["units"], progress)
+        total, unit = sum(map(os.path.getsize, args.input)), "B"
     else:
         print(f"streaming {hub_name(args)} from the Hugging Face hub")
         docs = read_hub(ds, args, count["units"], last and last.get("checkpoint"), states)
         total, unit = KNOWN_TOKENS.get((args.dataset, args.name)), "tok"
     # disable=None: no bar when stderr is not a terminal (the per-shard lines still show progress). Leaving
     # the with-block: reading stops, and a shard being written is finished and recorded.
-    with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True, disable=None) as bar, \
-            ThreadPoolExecutor(1) as writer:
+    with tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="tokenizing", dynamic_ncols=True,
+              disable=None) as bar, ThreadPoolExecutor(1) as writer:
         out = ShardWriter(args, manifest, print if bar.disable else bar.write, writer)
         cutters = {split: ShardCutter(split, out, states) for split in (("val", "train") if val else (None,))}
         router = Router(cutters, args.seed, val)
@@ -631,28 +675,38 @@ def make_shards(args, manifest, ds, pool, val):
             c.finish()
         out.wait()
         if not out.stopped:
-            manifest.update(complete=True, documents=count["documents"], tokens=sum(c.written for c in cutters.values()))
+            tokens = sum(c.written for c in cutters.values())
+            manifest.update(complete=True, documents=count["documents"], tokens=tokens)
             if val:
                 manifest.update(units=count["units"], val={"tokens": cutters["val"].written, "rate": val[0]})
             save_json(os.path.join(args.output_dir, "manifest.json"), manifest)
-    speed = f"{new_tokens / max(time.time() - t0, 1e-9) / 1e6:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
+    rate = new_tokens / max(time.time() - t0, 1e-9) / 1e6
+    speed = f"{rate:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
     if not manifest["complete"]:
-        return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); run again without it to go on")
-    print(f"done: {len(shards)} shards, {manifest['tokens']:,} tokens of {manifest['documents']:,} documents in {args.output_dir} ({speed})")
+        return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); "
+                     "run again without it to go on")
+    print(f"done: {len(shards)} shards, {manifest['tokens']:,} tokens of {manifest['documents']:,} documents "
+          f"in {args.output_dir} ({speed})")
+    report_split(args, shards, val and (val[1], cutters["val"].written))
+
+
+def report_split(args, shards, val):
+    """What a finished run's split means for train_gpt2.py. val: (tokens asked for, tokens drawn) with --val_tokens."""
     if val:
-        got = cutters["val"].written
-        print(f"validation: {got:,} tokens ({got / manifest['tokens']:.2%}) drawn from across the input (seed {args.seed})" + (
-              f"; fewer than the {val[1]:,} asked for, as the input's size was overestimated (at ~{BYTES_PER_TOKEN} bytes per "
-              "token): ask for more, or give a fraction" if got < val[1] < math.inf else ""))
+        (asked, got), total = val, sum(s["tokens"] for s in shards)
+        short = got < asked < math.inf
+        print(f"validation: {got:,} tokens ({got / total:.2%}) drawn from across the input (seed {args.seed})" + (
+              f"; fewer than the {asked:,} asked for, as the input's size was overestimated (at ~{BYTES_PER_TOKEN} "
+              "bytes per token): ask for more, or give a fraction" if short else ""))
     ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
     if "train" not in ends:
         print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "
               + ("--val_tokens" if val else f"--shard_size (now {args.shard_size:,})"))
     for split, s in ends.items():
         if s["tokens"] < BATCH_TOKENS < args.shard_size and (val or split == "train"):
-            print(f"warning: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one batch of "
-                  f"train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot use it; "
-                  "a smaller --batch_size x --seq_len can")
+            print(f"warning: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one "
+                  f"batch of train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot "
+                  "use it; a smaller --batch_size x --seq_len can")
 
 
 def download(args):
@@ -664,12 +718,14 @@ def download(args):
     hub.utils.logging.set_verbosity_error()  # not a line per retry
     out = args.output_dir
     try:
-        sizes = {f.path: f.size for f in hub.HfApi().list_repo_tree(args.download, repo_type="dataset") if f.path.endswith(".bin")}
+        files = hub.HfApi().list_repo_tree(args.download, repo_type="dataset")
+        sizes = {f.path: f.size for f in files if f.path.endswith(".bin")}
         names = sorted(sizes, key=lambda n: ("_val_" not in n, n))[: args.max_shards or None]
         if not names:
             raise UserError(f"{args.download} holds no .bin token shards at its top level; name a repo of llm.c shards")
         if others := {os.path.basename(p) for p in list_shards(out, "val") + list_shards(out, "train")} - set(sizes):
-            raise UserError(f"{out} holds other shards ({min(others)}, ...) that train_gpt2.py would read too; choose another --output_dir")
+            raise UserError(f"{out} holds other shards ({min(others)}, ...) that train_gpt2.py would read too; "
+                            "choose another --output_dir")
         hub.snapshot_download(args.download, repo_type="dataset", local_dir=out, allow_patterns=names)
     except UserError:
         raise
@@ -680,12 +736,16 @@ def download(args):
     try:
         for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
             if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
-                raise UserError(f"{path}: {got} bytes where the hub has {size}; delete it and run the same command again")
-            shards.append({"name": os.path.basename(path), "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
-        manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards, "complete": True}
-        save_json(os.path.join(out, "manifest.json"), dict(manifest, tokens=sum(s["tokens"] for s in shards)))
+                raise UserError(f"{path}: {got} bytes where the hub has {size}; "
+                                "delete it and run the same command again")
+            name = os.path.basename(path)
+            shards.append({"name": name, "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
+        manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards,
+                    "complete": True, "tokens": sum(s["tokens"] for s in shards)}
+        save_json(os.path.join(out, "manifest.json"), manifest)
     except OSError as e:
-        raise UserError(f"cannot write {out}/manifest.json ({brief(e)}); free space and run the same command again") from None
+        raise UserError(f"cannot write {out}/manifest.json ({brief(e)}); "
+                        "free space and run the same command again") from None
     print(f"done: {len(shards)} shards, {sum(s['tokens'] for s in shards):,} tokens of {args.download} in {out}")
 
 
