@@ -1402,15 +1402,6 @@ def trim_log(log_file, last_step):
         f.writelines(kept)
 
 
-def log_line(log_file, line):
-    try:
-        with open(log_file, "a") as f:
-            f.write(line + "\n")
-    except OSError as e:
-        raise UserError(f"cannot append to {log_file} ({e.strerror or e}); "
-                        "free disk space or pick another --log_dir") from None
-
-
 def resume_checkpoint(log_dir, master):
     """(path, checkpoint) of the newest training checkpoint in log_dir that loads, or (None, None)
     when there is none at all."""
@@ -1587,9 +1578,8 @@ def train(args, ckpt=None, ckpt_path=None):
     if dtype == "fp16" and device_type != "cuda":
         raise UserError("--dtype fp16 trains with a CUDA GradScaler, so it needs a CUDA GPU; use bf16 or fp32")
     autocast = autocast_context(device_type, dtype)
-    log_file = os.path.join(args.log_dir, "log.txt")
     say = console if master else (lambda *a, **k: None)
-    track = Tracking()
+    run_log = RunLog(args if master else None)
     try:
         seed_and_precision(args.seed, device_type)
         grad_accum_steps = accumulation_steps(args, world_size)
@@ -1612,8 +1602,7 @@ def train(args, ckpt=None, ckpt_path=None):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
         start_step, tokens_seen = restore_run(ckpt, optimizer, scaler, train_loader, device_type, args,
                                               raw_model if fsdp else None)
-        if master:
-            start_log(log_file, ckpt, ckpt_path)
+        run_log.open(args, ckpt, ckpt_path, start_step)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
         score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp)
@@ -1625,8 +1614,6 @@ def train(args, ckpt=None, ckpt_path=None):
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
-        if master:
-            track.open(args, start_step, resumed=ckpt is not None)
 
         def save(step, loader_state):
             path = checkpoint_path(args.log_dir, step)
@@ -1646,17 +1633,13 @@ def train(args, ckpt=None, ckpt_path=None):
                     val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp,
                                                world_size)
                     say(f"step {step:5d} | validation loss {val_loss:.4f}")
-                    if master:
-                        log_line(log_file, f"{step} val {val_loss:.4f}")
-                        track.log(step, {"val/loss": val_loss})
+                    run_log.record(step, f"val {val_loss:.4f}", {"val/loss": val_loss})
                 if score_hellaswag and (step % args.hellaswag_every == 0 or last_step):
                     with autocast:
                         result = score_hellaswag(eval_model)
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
                         f"({result['correct_norm']}/{result['total']})")
-                    if master:
-                        log_line(log_file, f"{step} hella {result['acc_norm']:.4f}")
-                        track.log(step, {"hellaswag/acc_norm": result["acc_norm"]})
+                    run_log.record(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]})
                 if (master or fsdp) and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
                     say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
@@ -1685,10 +1668,9 @@ def train(args, ckpt=None, ckpt_path=None):
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
                 say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta,
                               finite, step_tokens))
-                if master:
-                    log_line(log_file, f"{step} train {loss.item():.6f}" + ("" if finite else " skipped"))
-                    track.log(step, step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen,
-                                                 flops_per_token, peak))
+                run_log.record(step, f"train {loss.item():.6f}" + ("" if finite else " skipped"),
+                               step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen,
+                                            flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
@@ -1706,7 +1688,7 @@ def train(args, ckpt=None, ckpt_path=None):
         say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss,
                         time.time() - t_start, tokens_seen, train_loader.total_tokens))
     finally:
-        track.close()
+        run_log.close()
         if ddp and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -1771,15 +1753,6 @@ def seed_and_precision(seed, device_type):
     if device_type == "cuda":
         torch.cuda.manual_seed(seed)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
-
-
-def start_log(log_file, ckpt, ckpt_path):
-    """A resumed run keeps the log up to its checkpoint's step and appends; a fresh run starts a fresh log."""
-    if ckpt is not None:
-        console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
-        trim_log(log_file, ckpt["step"])
-    elif os.path.exists(log_file):
-        os.remove(log_file)
 
 
 def run_header(args, device, dtype, use_compile, world_size, model, grad_accum_steps):
@@ -1877,20 +1850,29 @@ def check_tracking(args):
                             f"`pip install {package}`, or drop --{flag}")
 
 
-class Tracking:
-    """The run's scalars for TensorBoard and W&B, written by rank 0 beside log.txt. A resumed run
-    continues the same TensorBoard curves (events from the checkpoint's step on are purged) and the
-    same W&B run (its id is kept in the checkpoint's arguments)."""
+class RunLog:
+    """What rank 0 records of a run: log.txt in build-nanogpt's format (`<step> <kind> <value>`) and the
+    same scalars for TensorBoard and W&B. A resumed run keeps the log up to its checkpoint's step and
+    appends, continues the same TensorBoard curves (events from the checkpoint's step on are purged) and
+    the same W&B run (its id is kept in the checkpoint's arguments). Other ranks record nothing (args None)."""
 
-    def __init__(self):
+    def __init__(self, args=None):
+        self.path = os.path.join(args.log_dir, "log.txt") if args is not None else None
         self.tensorboard = self.wandb = None
 
-    def open(self, args, start_step, resumed):
+    def open(self, args, ckpt, ckpt_path, start_step):
+        if self.path is None:
+            return
+        if ckpt is not None:
+            console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
+            trim_log(self.path, ckpt["step"])
+        elif os.path.exists(self.path):
+            os.remove(self.path)
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             try:
-                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if resumed else None)
+                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if ckpt is not None else None)
             except OSError as e:
                 raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); "
                                 "pick another folder") from None
@@ -1906,7 +1888,16 @@ class Tracking:
                 raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
                                 "or set WANDB_MODE=offline to log on this machine only") from None
 
-    def log(self, step, scalars):
+    def record(self, step, line, scalars):
+        """`<step> <line>` into log.txt, the scalars to the trackers."""
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(f"{step} {line}\n")
+        except OSError as e:
+            raise UserError(f"cannot append to {self.path} ({e.strerror or e}); "
+                            "free disk space or pick another --log_dir") from None
         if self.tensorboard is not None:
             for name, value in scalars.items():
                 self.tensorboard.add_scalar(name, value, step)
