@@ -1,6 +1,6 @@
 """--help of hellaswag.py, generate_tokens.py and plot_log.py: every flag says what it does and states
 its default once (the formatter adds '(default: X)' for real values; None and switches say theirs in
-words or not at all), and the stated value is the one the code uses."""
+words or not at all); and the scripts that run a model agree on --dtype and --compile/--no_compile."""
 
 import argparse
 
@@ -9,6 +9,7 @@ import pytest
 import generate_tokens
 import hellaswag
 import plot_log
+import train_gpt2
 
 PARSERS = {"hellaswag.py": hellaswag.build_parser, "generate_tokens.py": generate_tokens.build_parser,
            "plot_log.py": plot_log.build_parser}
@@ -35,15 +36,12 @@ def test_every_flag_has_help_and_one_default(script):
     assert "(default: None)" not in text and "(default: False)" not in text and "(default: True)" not in text
 
 
-def test_stated_defaults_are_the_parsed_ones():
-    args = generate_tokens.build_parser().parse_args([])
-    assert (args.num_samples, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed) == (4, 100, 1.0, 50, 1.0, 1337)
-    assert (args.device, args.dtype, args.int8, args.compile, args.no_stop) == ("auto", "auto", False, False, False)
-    assert generate_tokens.build_parser().parse_args(["--compile", "--no_compile"]).compile is False
-    args = hellaswag.build_parser().parse_args([])
-    assert (args.dtype, args.device, args.style, args.batch_size, args.limit) == ("fp32", "auto", "nanogpt", None, None)
-    assert args.compile is None  # None: main() turns it on for CUDA only
-    assert hellaswag.build_parser().parse_args(["--no_compile"]).compile is False
-    assert "auto" in hellaswag.build_parser()._option_string_actions["--dtype"].choices
-    args = plot_log.build_parser().parse_args(["log.txt"])
-    assert (args.out, args.smooth) == (None, 0)
+@pytest.mark.parametrize("script", ["train_gpt2.py", *sorted(set(PARSERS) - {"plot_log.py"})])
+def test_the_scripts_agree_on_dtype_and_compile(script):
+    """The model-running scripts take the same --dtype values and the same --compile/--no_compile switch
+    (the last one given wins), so a flag learnt on one works on the others."""
+    parser = (train_gpt2.build_parser if script == "train_gpt2.py" else PARSERS[script])()
+    assert set(parser._option_string_actions["--dtype"].choices) == set(train_gpt2.DTYPES) | {"auto"}
+    assert parser._option_string_actions["--compile"].dest == parser._option_string_actions["--no_compile"].dest
+    assert parser.parse_args(["--compile", "--no_compile"]).compile is False
+    assert parser.parse_args(["--no_compile", "--compile"]).compile is True
