@@ -803,8 +803,12 @@ def save_checkpoint(path, checkpoint):
     try:
         with atomic_write(path) as f:
             torch.save(checkpoint, f)
-    except OSError as e:
-        raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); "
+    except (OSError, RuntimeError) as e:
+        # torch's zip writer reports a failed write (a full disk) as a RuntimeError raised while handling the OSError
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise UserError(f"cannot write checkpoint {path} ({cause.strerror or cause}); "
                         "free disk space or pick another --log_dir (earlier checkpoints are intact)") from None
 
 
@@ -1602,11 +1606,11 @@ def train(args, ckpt=None, ckpt_path=None):
         scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
         start_step, tokens_seen = restore_run(ckpt, optimizer, scaler, train_loader, device_type, args,
                                               raw_model if fsdp else None)
-        run_log.open(args, ckpt, ckpt_path, start_step)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
         score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp)
         tokenizer = get_tokenizer() if args.sample_every else None
+        run_log.open(args, ckpt, ckpt_path, start_step)  # everything is checked: now the log folder changes
 
         flops_per_token = raw_model.flops_per_token()
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
@@ -1861,18 +1865,35 @@ class RunLog:
         self.tensorboard = self.wandb = None
 
     def open(self, args, ckpt, ckpt_path, start_step):
+        """The log folder and the trackers first, then the log itself: a refusal leaves log.txt as it was."""
         if self.path is None:
             return
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+            for name in os.listdir(args.log_dir):  # left by a process killed while writing
+                if name.endswith(".tmp") and (name == "log.txt.tmp" or CHECKPOINT_RE.match(name[:-4])):
+                    os.remove(os.path.join(args.log_dir, name))
+        except OSError as e:
+            raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "
+                            "pick another folder") from None
+        self.open_trackers(args, start_step if ckpt is not None else None)
         if ckpt is not None:
             console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
-            trim_log(self.path, ckpt["step"])
-        elif os.path.exists(self.path):
-            os.remove(self.path)
+        try:
+            if ckpt is not None:
+                trim_log(self.path, ckpt["step"])
+            elif os.path.lexists(self.path):
+                os.remove(self.path)
+        except OSError as e:
+            raise UserError(f"cannot rewrite {self.path} ({e.strerror or e}); "
+                            "free disk space, or make it a writable file") from None
+
+    def open_trackers(self, args, purge_step):
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             try:
-                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=start_step if ckpt is not None else None)
+                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=purge_step)
             except OSError as e:
                 raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); "
                                 "pick another folder") from None
@@ -1992,11 +2013,18 @@ def main(argv=None):
     check_args(args)
     check_scale_args(args)
     check_tracking(args)
-    try:
-        os.makedirs(args.log_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); pick another folder") from None
+    check_log_dir(args.log_dir)
     train(args, ckpt, ckpt_path)
+
+
+def check_log_dir(log_dir):
+    """Refuse a --log_dir that cannot be written, before any work; it is made once the run has started."""
+    parent = log_dir
+    while not os.path.exists(parent) and os.path.dirname(os.path.abspath(parent)) != os.path.abspath(parent):
+        parent = os.path.dirname(os.path.abspath(parent))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        what = "cannot be written" if os.path.isdir(parent) else "is not a folder"
+        raise UserError(f"cannot create --log_dir {log_dir} ({parent} {what}); pick another folder")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def test_every_flag_refuses_bad_values_before_any_work(shards, tmp_path, flag, v
     if message == "argparse":
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and flag.lstrip("-") in err[0], err
-    assert not log_dir.exists() or not os.listdir(log_dir)  # nothing written
+    assert not log_dir.exists()  # nothing written, not even an empty folder
 
 
 def test_bad_values_end_to_end_one_line_no_traceback(shards, tmp_path):
@@ -79,6 +79,29 @@ def test_output_paths_the_system_refuses(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", str(a_file), "--log_dir", str(tmp_path / "log"), "--max_steps", "1"])
     assert_one_line_error(result, "fineweb.py")
     assert a_file.read_text() == "mine"
+
+
+def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
+    """Bad input met while the run is set up (HellaSwag data, a --tensorboard that is a file) leaves log.txt;
+    a log.txt that is a folder is one line; a killed run's temporaries are cleared by the next."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    (log_dir / "log.txt").write_text("0 train 5.0\n")
+    (tmp_path / "bad.jsonl").write_text('{"bad json\n')
+    (tmp_path / "a_file").write_text("x")
+    run = ["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "1"]
+    for flags, needle in ((["--hellaswag_every", "1", "--hellaswag_data", str(tmp_path / "bad.jsonl")], "bad.jsonl:1"),
+                          (["--tensorboard", str(tmp_path / "a_file")], "--tensorboard")):
+        assert_one_line_error(run_script(run + flags), needle)
+        assert (log_dir / "log.txt").read_text() == "0 train 5.0\n"
+    (log_dir / "log.txt").unlink()
+    (log_dir / "log.txt").mkdir()
+    assert_one_line_error(run_script(run), "log.txt")
+    (log_dir / "log.txt").rmdir()
+    (log_dir / "model_00003.pt.tmp").write_bytes(b"half a checkpoint")
+    (log_dir / "notes.tmp").write_text("not ours")
+    assert run_script(run).returncode == 0
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "notes.tmp"]
 
 
 @pytest.mark.parametrize("content", [[1, 2, 3], {"model": {}, "config": {"n_layer": 2}}, {"model": {}, "config": [1]},

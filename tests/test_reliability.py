@@ -165,16 +165,29 @@ def test_keep_checkpoints(shards, tmp_path):
     assert sorted(n for n in os.listdir(log_dir) if n.endswith(".pt")) == ["model_00003.pt", "model_00004.pt"]
 
 
+class FillsUp:
+    """A file on a disk with `room` bytes left: a write beyond that fails with ENOSPC, as the OS's does."""
+
+    def __init__(self, f, room):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
 def test_full_disk_keeps_the_last_good_checkpoint(shards, tmp_path, monkeypatch):
     log_dir = str(tmp_path / "log")
     real_save, calls = torch.save, []
 
-    def save_then_fill_disk(obj, f, *a, **kw):
+    def save_then_fill_disk(obj, f, *a, **kw):  # torch's own writer meets the full disk (it raises RuntimeError)
         calls.append(1)
-        if len(calls) == 1:
-            return real_save(obj, f, *a, **kw)
-        f.write(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f if len(calls) == 1 else FillsUp(f, 100_000), *a, **kw)
 
     monkeypatch.setattr(train_gpt2.torch, "save", save_then_fill_disk)
     with pytest.raises(train_gpt2.UserError, match="cannot write checkpoint .*No space left.*earlier checkpoints are intact"):
@@ -182,6 +195,24 @@ def test_full_disk_keeps_the_last_good_checkpoint(shards, tmp_path, monkeypatch)
     monkeypatch.undo()
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]  # no partial file, no temporary left
     assert train_gpt2.load_checkpoint(os.path.join(log_dir, "model_00001.pt"))["step"] == 1
+
+
+def test_a_file_size_limit_at_the_first_checkpoint_is_one_line(shards, tmp_path):
+    """No fake: the kernel refuses the checkpoint's bytes (RLIMIT_FSIZE, EFBIG) and the run ends with one line."""
+    import resource
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of failing the write
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # log.txt fits, a checkpoint does not
+
+    log_dir = str(tmp_path / "log")
+    args = [os.path.join(ROOT, "train_gpt2.py"), *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
+            "--max_steps", "2", "--eval_every", "0", "--save_every", "1"]
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert_one_line_error(result, "cannot write checkpoint", "model_00000.pt", os.strerror(errno.EFBIG))
+    assert sorted(os.listdir(log_dir)) == ["log.txt"]  # no partial checkpoint, no temporary
+    assert [ln.split()[:2] for ln in log_text(log_dir).splitlines()] == [["0", "train"]]
 
 
 def poison_forward(monkeypatch, bad_calls):
