@@ -6,7 +6,8 @@ Plot a training run's log.txt as one PNG: losses, HellaSwag, and every other log
     python plot_log.py log --smooth 50              # + a 50-step moving average of the train loss
 
 log.txt is what train_gpt2.py writes, build-nanogpt's format: one `<step> <kind> <value>` per line,
-where kind is any word (a train line may end in `skipped`: a non-finite step that was not applied).
+where kind is any word. `<step> skipped <loss>` marks a non-finite step that was not applied: it is not
+plotted (older logs wrote it as `<step> train <loss> skipped`, read the same way).
 A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels, one per group:
 - losses: `train`, `val` and every kind ending in `loss`, with OpenAI GPT-2 124M's FineWeb-Edu val
   loss as a reference; once the run has come down through 4.0 the y-axis shows 2.8-4.0 (as
@@ -57,7 +58,7 @@ def parse_log(path):
                 if not ok or step < 0 or not KIND_RE.match(kind):
                     raise UserError(f"{path}:{lineno}: expected '<step> <kind> <value>' (e.g. '250 val 3.41'), "
                                     f"found {line.strip()[:80]!r}")
-                series.setdefault(kind, {})[step] = value
+                series.setdefault("skipped" if len(parts) == 4 else kind, {})[step] = value
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror or e})") from None
     if not series:
@@ -92,7 +93,7 @@ def panels(series):
     out = [(LOSS_PANEL, losses)] if losses else []
     if "hella" in series:
         out.append((HELLA_PANEL, ["hella"]))
-    out += [(k, [k]) for k in series if not is_loss(k) and k != "hella"]
+    out += [(k, [k]) for k in series if not is_loss(k) and k not in ("hella", "skipped")]
     return out
 
 

@@ -844,6 +844,25 @@ def model_from_checkpoint(ckpt, path="checkpoint"):
     return model
 
 
+def check_resumable(ckpt, path):
+    """A UserError unless the checkpoint's weights and AdamW state fit the model its config describes.
+    Checked on the meta device: nothing the size of the model is allocated."""
+    config = config_from_checkpoint(ckpt, path)
+    try:
+        with torch.device("meta"):
+            model = GPT(config)
+            optimizer = model.configure_optimizers(0.0, 0.0, "cpu")
+            optimizer.load_state_dict(ckpt["optimizer"])
+            for p, state in optimizer.state.items():
+                if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):
+                    raise ValueError(f"optimizer state of shape {[tuple(v.shape) for v in state.values()]} "
+                                     f"for a parameter of shape {tuple(p.shape)}")
+            model.load_state_dict(strip_prefixes(ckpt["model"]), assign=True)  # checks names and shapes only
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        raise UserError(f"{path}: its weights or optimizer state do not fit the model its config describes "
+                        f"({brief(e)})") from None
+
+
 def newest_checkpoint(path):
     """path itself, or the newest model_*.pt in it when it is a directory (a run's --log_dir)."""
     if not os.path.isdir(path):
@@ -1417,6 +1436,7 @@ def resume_checkpoint(log_dir, master):
                     and isinstance(ckpt.get("loader"), dict) and isinstance(ckpt.get("args", {}), dict)):
                 raise UserError(f"{path}: not a training checkpoint of train_gpt2.py "
                                 "(no step, optimizer or loader state)")
+            check_resumable(ckpt, path)
             return path, ckpt
         except UserError as e:
             if master:
@@ -1672,7 +1692,7 @@ def train(args, ckpt=None, ckpt_path=None):
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
                 say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta,
                               finite, step_tokens))
-                run_log.record(step, f"train {loss.item():.6f}" + ("" if finite else " skipped"),
+                run_log.record(step, f"{'train' if finite else 'skipped'} {loss.item():.6f}",
                                step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen,
                                             flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1

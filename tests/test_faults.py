@@ -281,3 +281,24 @@ def test_out_of_memory_mid_run_is_one_line_and_keeps_the_progress(shards, tmp_pa
     saved = train_gpt2.find_checkpoints(log_dir)
     assert [train_gpt2.load_checkpoint(p)["step"] for p in saved] == [2]
     assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
+
+
+def test_newer_checkpoints_that_do_not_fit_their_own_model_are_skipped(shards, tmp_path, capsys):
+    """A checkpoint that loads but whose weights or AdamW state do not fit the model its config describes
+    (another shape, another optimizer's groups, a state tensor of the wrong shape) is skipped like a truncated one."""
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "3")
+    good = torch.load(os.path.join(log_dir, "model_00005.pt"), weights_only=True)
+    one_group = dict(good["optimizer"], param_groups=good["optimizer"]["param_groups"][:1])
+    state = {i: dict(s) for i, s in good["optimizer"]["state"].items()}
+    state[0]["exp_avg"] = state[0]["exp_avg"][:1]
+    broken = {7: dict(good, config=dict(good["config"], n_layer=3)), 9: dict(good, optimizer=one_group),
+              11: dict(good, optimizer=dict(good["optimizer"], state=state))}
+    for step, ckpt in broken.items():
+        torch.save(ckpt, os.path.join(log_dir, f"model_{step:05d}.pt"))
+    capsys.readouterr()
+    train(shards, log_dir, "--max_steps", "7", "--eval_every", "0", "--resume")
+    err = capsys.readouterr().err
+    for step in broken:
+        assert re.search(rf"skipping checkpoint: \S*model_{step:05d}\.pt: its weights or optimizer state do not fit", err)
+    assert sorted(read_log(log_dir)["train"]) == list(range(7))  # resumed after step 5, the good checkpoint

@@ -220,3 +220,13 @@ def test_no_torch_even_when_plotting(tmp_path):
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "plot.png", "rb") as f:
         assert f.read(8) == PNG
+
+
+def test_a_skipped_step_is_not_plotted_in_either_format(tmp_path):
+    """`<step> skipped <loss>` (and older logs' `<step> train <loss> skipped`) is a step not applied: no point
+    on the train curve, even with a finite loss, and no panel of its own."""
+    for skipped in ("2 skipped 123456.0", "2 train 123456.0 skipped"):
+        fig = figure(tmp_path, f"0 train 10.5\n1 train 9.5\n{skipped}\n3 train 8.5\n")
+        assert [ax.get_title() for ax in fig.axes] == ["loss"]
+        train = find(lines_by_label(fig.axes[0]), "train loss")
+        assert list(train.get_xdata()) == [0, 1, 3] and list(train.get_ydata()) == [10.5, 9.5, 8.5]

@@ -234,9 +234,8 @@ def test_non_finite_step_is_skipped(shards, tmp_path, monkeypatch):
     log_dir = str(tmp_path / "log")
     poison_forward(monkeypatch, bad_calls={4})  # 2 micro-steps per step: step 2's first micro-step
     train(shards, log_dir, "--max_steps", "4", "--eval_every", "0", "--save_every", "1")
-    with open(os.path.join(log_dir, "log.txt")) as f:
-        assert [ln.split()[-1] for ln in f] == ["%.6f" % read_log(log_dir)["train"][0], "%.6f" % read_log(log_dir)["train"][1],
-                                                "skipped", "%.6f" % read_log(log_dir)["train"][3]]
+    with open(os.path.join(log_dir, "log.txt")) as f:  # build-nanogpt's notebook reads 3 fields a line
+        assert [ln.split()[:2] for ln in f] == [["0", "train"], ["1", "train"], ["2", "skipped"], ["3", "train"]]
     w1, w2, w3 = (load_weights(os.path.join(log_dir, f"model_0000{s}.pt")) for s in (1, 2, 3))
     assert max_weight_diff(w1, w2) == 0  # the NaN step changed nothing
     assert max_weight_diff(w2, w3) > 0 and all(torch.isfinite(v).all() for v in w3.values())
