@@ -1686,14 +1686,14 @@ def train(args, ckpt=None, ckpt_path=None):
                 norm, finite = apply_update(raw_model, optimizer, scaler, loss, lr, args.grad_clip)
                 if device_type == "cuda":
                     torch.cuda.synchronize()
-                step_times.append(time.time() - t0)
-                step_tokens = micro_steps * args.batch_size * args.seq_len * world_size
+                dt, step_tokens = time.time() - t0, micro_steps * args.batch_size * args.seq_len * world_size
+                step_times.append((dt, step_tokens))
                 tokens_seen += step_tokens
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
-                say(step_line(step, args, loss.item(), lr, norm.item(), step_times[-1], flops_per_token, peak, eta,
-                              finite, step_tokens))
+                say(step_line(step, args, loss.item(), lr, norm.item(), dt, flops_per_token, peak, eta, finite,
+                              step_tokens))
                 run_log.record(step, f"{'train' if finite else 'skipped'} {loss.item():.6f}",
-                               step_scalars(loss.item(), lr, norm.item(), step_times[-1], step_tokens, tokens_seen,
+                               step_scalars(loss.item(), lr, norm.item(), dt, step_tokens, tokens_seen,
                                             flops_per_token, peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
@@ -1709,8 +1709,8 @@ def train(args, ckpt=None, ckpt_path=None):
                     break
         if ddp:
             say(optimizer_state_line(optimizer, world_size, device))
-        say(run_summary(step_times, args.total_batch_size, flops_per_token, peak, device_type, val_loss,
-                        time.time() - t_start, tokens_seen, train_loader.total_tokens))
+        say(run_summary(step_times, flops_per_token, peak, device_type, val_loss, time.time() - t_start,
+                        tokens_seen, train_loader.total_tokens))
     finally:
         run_log.close()
         if ddp and dist.is_initialized():
@@ -1992,16 +1992,19 @@ def format_seconds(seconds):
             else f"{seconds // 60}m{seconds % 60:02d}s")
 
 
-def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type, val_loss, wall,
-                tokens_seen=None, epoch_tokens=None):
+def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, tokens_seen=None,
+                epoch_tokens=None):
     """One line at the end of a run: the median step time after warm-up (the first steps compile
-    and fill caches), tokens/s, MFU, peak GPU memory, the tokens trained on (and how many epochs of the
-    train split that is), the last val loss and the wall time."""
+    and fill caches), tokens/s, MFU, peak GPU memory, the tokens trained on in the whole run (and how many
+    epochs of the train split that is), the last val loss and the wall time. step_times: this session's
+    (seconds, tokens) of each step."""
     timed = step_times[min(len(step_times) // 5, 10):] or step_times
     if not timed:
         return "summary: no steps run"
-    ms = 1000 * statistics.median(timed)
-    tok_s = tokens_per_step / (ms / 1000)
+    seconds, tokens = zip(*timed)
+    ms = 1000 * statistics.median(seconds)
+    # a fixed batch: from the median step; a batch still ramping up (--batch_size_warmup_tokens): over the timed steps
+    tok_s = tokens[0] / (ms / 1000) if len(set(tokens)) == 1 else sum(tokens) / sum(seconds)
     parts = [f"summary: {len(step_times)} steps", f"median {ms:.1f} ms/step over the last {len(timed)}",
              f"{tok_s:,.0f} tok/s"]
     if peak:
@@ -2009,7 +2012,7 @@ def run_summary(step_times, tokens_per_step, flops_per_token, peak, device_type,
     if device_type == "cuda":
         parts.append(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     if tokens_seen is not None:
-        parts.append(f"{tokens_seen:,} tokens"
+        parts.append(f"{tokens_seen:,} tokens in the run"
                      + (f" ({tokens_seen / epoch_tokens:.2f} epochs)" if epoch_tokens else ""))
     if val_loss is not None:
         parts.append(f"val loss {val_loss:.4f}")

@@ -139,4 +139,22 @@ def test_a_run_ends_with_a_summary_line(shards, tmp_path, capsys):
     assert f"val loss {read_log(str(tmp_path / 'log'))['val'][9]:.4f}" in summary[0]
     # tokens trained on, and epochs over the train shards as written on disk
     train_tokens = sum(len(train_gpt2.read_shard(p)) for p in glob.glob(os.path.join(shards, "*_train_*.bin")))
-    assert f"| {10 * 256:,} tokens ({10 * 256 / train_tokens:.2f} epochs) |" in summary[0], summary[0]
+    assert f"| {10 * 256:,} tokens in the run ({10 * 256 / train_tokens:.2f} epochs) |" in summary[0], summary[0]
+
+
+def test_the_summary_counts_the_tokens_of_a_ramping_batch(shards, tmp_path, capsys):
+    """With --batch_size_warmup_tokens the steps differ in tokens: the summary's tok/s is the timed steps'
+    tokens over their time, both read from the step lines, not the full batch over the median step."""
+    import re
+
+    train(shards, str(tmp_path / "log"), "--max_steps", "10", "--eval_every", "0", "--save_every", "0",
+          "--total_batch_size", "512", "--batch_size_warmup_tokens", "2048")
+    out = capsys.readouterr().out
+    steps = [(float(ms), int(tok)) for ms, tok in re.findall(r"^step .* dt ([\d.]+)ms .*\| batch (\d+) tokens", out, re.M)]
+    assert len(steps) == 10 and len({tok for _, tok in steps}) > 1  # the batch did ramp up
+    timed = steps[2:]  # the summary leaves out the first fifth
+    ms, tokens = sum(ms for ms, _ in timed), sum(tok for _, tok in timed)
+    want = tokens / (ms / 1000)
+    summary = next(ln for ln in out.splitlines() if ln.startswith("summary:"))
+    got = float(re.search(r"\| ([\d,]+) tok/s", summary).group(1).replace(",", ""))
+    assert abs(got - want) <= want * len(timed) * 0.005 / ms + 1  # dt printed to 0.01 ms, tok/s to 1
