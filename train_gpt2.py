@@ -574,17 +574,24 @@ def read_shard(path):
         except Exception as e:
             raise UserError(f"{path}: not a readable .npy shard ({type(e).__name__}); re-run fineweb.py") from None
         if tokens.ndim != 1 or tokens.dtype != np.uint16:
-            raise UserError(f"{path}: a .npy shard must hold a 1-D uint16 array, found {tokens.dtype} {tokens.shape}")
+            raise UserError(f"{path}: a .npy shard must hold a 1-D uint16 array, found {tokens.dtype} {tokens.shape}; "
+                            "re-run fineweb.py")
         return tokens
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not a file (a folder, or a link to nothing); remove it from the data folder")
     size = os.path.getsize(path)
     header_bytes = SHARD_HEADER_INTS * 4
     if size < header_bytes:
         raise UserError(f"{path}: {size} bytes is shorter than a shard header; "
                         "the file is truncated, re-run fineweb.py")
-    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
+    try:
+        header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e}); check its permissions") from None
     if header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
         raise UserError(f"{path}: not a token shard (magic {header[0]}, version {header[1]}; "
-                        f"expected {SHARD_MAGIC}, {SHARD_VERSION})")
+                        f"expected {SHARD_MAGIC}, {SHARD_VERSION}); remove it from the data folder, "
+                        "or re-run fineweb.py")
     ntok = int(header[2])
     if size != header_bytes + 2 * ntok:
         raise UserError(f"{path}: header says {ntok} tokens but the file holds {(size - header_bytes) // 2}; "
@@ -959,6 +966,7 @@ RUN_PRESETS = {
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
+MAX_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 
 
 def build_parser():
@@ -1117,6 +1125,10 @@ def check_args(args):
             raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
     if args.min_lr_frac > 1:
         raise UserError(f"--min_lr_frac {args.min_lr_frac}: must be from 0 to 1")
+    for name in ("max_lr", "weight_decay"):  # beyond this, AdamW's fp32 arithmetic overflows mid-run
+        if getattr(args, name) > MAX_RATE:
+            raise UserError(f"--{name} {getattr(args, name)}: must be at most {MAX_RATE:g} "
+                            "(AdamW's usual range is ~1e-3)")
 
 
 def check_schedule(args, master):
@@ -1406,6 +1418,11 @@ def verify_shards(data_dir):
         entries = [(os.path.join(data_dir, os.path.basename(s["name"])), s["sha256"]) for s in shards]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"--verify_data: {path} is not a manifest of fineweb.py ({brief(e)})") from None
+    listed = {os.path.abspath(p) for p, _ in entries}
+    for shard_path in list_shards(data_dir, "val") + list_shards(data_dir, "train"):
+        if os.path.abspath(shard_path) not in listed:  # the loader would read it, unchecked
+            raise UserError(f"--verify_data: {shard_path} is not listed in manifest.json; "
+                            "remove it from the data folder, or re-run fineweb.py")
     for shard_path, sha256 in entries:
         if not os.path.isfile(shard_path):
             raise UserError(f"--verify_data: {shard_path} is listed in manifest.json but missing")

@@ -9,6 +9,7 @@ import torch
 import pytest
 
 import train_gpt2
+from conftest import make_shards
 from train_gpt2 import DataLoaderLite, UserError, get_lr, read_shard, write_shard
 
 
@@ -158,3 +159,13 @@ def test_lr_schedule_end_points():
     assert lr(max_steps) == lr(max_steps + 1000) == min_lr
     after = [lr(s) for s in range(warmup, max_steps, 97)]
     assert all(a >= b for a, b in zip(after, after[1:]))
+
+
+def test_a_folder_or_a_dangling_link_named_like_a_shard_is_one_line(tmp_path):
+    for name, make in (("x_train_000009.bin", lambda p: p.mkdir()),
+                       ("y_train_000009.bin", lambda p: p.symlink_to(tmp_path / "nowhere"))):
+        data = tmp_path / name[0]
+        make_shards(str(data))
+        make(data / name)
+        with pytest.raises(train_gpt2.UserError, match=f"{name}: not a file"):
+            train_gpt2.DataLoaderLite(str(data), "train", 2, 8, 0, 1)

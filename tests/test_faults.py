@@ -29,6 +29,10 @@ BAD_VALUES = {
     "--seed": ["-1", str(2**64), "x"],
     **{f: ["0", "-1", "nan", "inf", "-inf", "1e400", "x", ""] for f in ("--max_lr", "--peak_tflops")},
     **{f: ["-1", "nan", "inf", "x"] for f in ("--weight_decay", "--grad_clip")},
+}
+for name in ("--max_lr", "--weight_decay"):  # finite, but AdamW's fp32 arithmetic overflows with them
+    BAD_VALUES[name] += ["1e39", "3e38", "1001"]
+BAD_VALUES |= {
     "--min_lr_frac": ["-0.1", "1.5", "nan", "inf"],
     "--model": ["d13", ""],
     "--dtype": ["fp8", ""],

@@ -267,6 +267,13 @@ def test_verify_data_against_manifest(shards, tmp_path):
         f.write(bytes([b[0] ^ 1]))
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "bad"), "--max_steps", "1", "--verify_data"])
     assert_one_line_error(result, names[-1], "sha256")
+    extra = os.path.join(shards, "zz_train_000009.bin")  # a shard the manifest does not know
+    shutil.copy(os.path.join(shards, names[0]), extra)
+    with open(train_path, "r+b") as f:  # the flipped token back
+        f.seek(2000)
+        f.write(b)
+    with pytest.raises(train_gpt2.UserError, match="zz_train_000009.bin is not listed in manifest.json"):
+        train(shards, str(tmp_path / "extra"), "--max_steps", "1", "--eval_every", "0", "--verify_data")
 
 
 def test_bad_inputs_get_one_line(shards, tmp_path):
