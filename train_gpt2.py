@@ -18,9 +18,11 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -30,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file
+from common import CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file, temporary_of
 
 
 # -----------------------------------------------------------------------------
@@ -454,9 +456,10 @@ def hf_to_our_state_dict(hf_sd):
     return sd
 
 
-def export_hf(model, out_dir):
+def export_hf(model, out_dir, also=None):
     """Write model as a transformers GPT2LMHeadModel directory (config.json + model.safetensors).
-    The padded vocabulary rows are dropped: the tokenizer never produces them."""
+    The padded vocabulary rows are dropped: the tokenizer never produces them. also(folder), if given,
+    adds files to the export before it takes out_dir's name; its result is returned."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     check_export_dir(out_dir)
@@ -476,11 +479,27 @@ def export_hf(model, out_dir):
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
     if missing or unexpected:
         raise RuntimeError(f"export_hf: missing {missing}, unexpected {unexpected}")
-    tmp = out_dir.rstrip("/") + ".tmp"
-    hf_model.save_pretrained(tmp, safe_serialization=True)
-    if os.path.isdir(out_dir):
-        os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
-    os.replace(tmp, out_dir)
+    out_dir = os.path.abspath(out_dir)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:  # written beside out_dir under a new name, then renamed: never a half export under out_dir
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(out_dir), prefix=os.path.basename(out_dir) + ".", suffix=".tmp")
+    except OSError as e:
+        raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
+    try:
+        hf_model.save_pretrained(tmp, safe_serialization=True)
+        added = also(tmp) if also is not None else None
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
+        os.replace(tmp, out_dir)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); "
+                            "free disk space or pick another folder") from None
+        raise
+    return added
 
 
 # -----------------------------------------------------------------------------
@@ -897,6 +916,8 @@ def load_model(checkpoint=None, init_from=None, device="cpu"):
 
 def check_export_dir(out_dir):
     """export_hf replaces out_dir: never do that to something the user already has."""
+    if os.path.islink(out_dir):
+        raise UserError(f"--export_hf {out_dir} is a link; give the path of a new folder (nothing was changed)")
     if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
         raise UserError(f"--export_hf {out_dir} already exists; "
                         "remove it or give a new directory (nothing was changed)")
@@ -1908,7 +1929,7 @@ class RunLog:
         try:
             os.makedirs(args.log_dir, exist_ok=True)
             for name in os.listdir(args.log_dir):  # left by a process killed while writing
-                if name.endswith(".tmp") and (name == "log.txt.tmp" or CHECKPOINT_RE.match(name[:-4])):
+                if (final := temporary_of(name)) and (final == "log.txt" or CHECKPOINT_RE.match(final)):
                     os.remove(os.path.join(args.log_dir, name))
         except OSError as e:
             raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "

@@ -256,6 +256,9 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
     (occupied / "mine.txt").write_text("mine")
     a_file = tmp_path / "a_file.txt"
     a_file.write_text("mine")
+    (tmp_path / "empty").mkdir()
+    link_to_empty = tmp_path / "link"
+    link_to_empty.symlink_to(tmp_path / "empty")
     cases = []
     for flag in ("--num_samples", "--max_new_tokens"):
         cases += [(with_flag(flag, v), flag) for v in NUMBERS + [HUGE]]
@@ -275,6 +278,7 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
         (good + ["--export_hf", str(occupied)], "already exists"),
         (good + ["--export_hf", str(tmp_path / "no" / "such" / "dir")], "does not exist"),
         (good + ["--export_hf", str(a_file / "sub")], "does not exist"),
+        (good + ["--export_hf", str(link_to_empty)], "is a link"),
         (good + ["--export_hf", str(tmp_path / "new"), "--int8"], "--int8"),
         (good + ["--int8", "--dtype", "bf16"], "--int8"),
         (good + ["--int8", "--compile"], "--int8"),
@@ -283,7 +287,7 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
     ]
     n = run_table(generate_tokens.main, cases, capsys, str(tmp_path))
     assert n >= 90
-    assert sorted(os.listdir(tmp_path)) == ["a_file.txt", "occupied"]  # no export folder was started
+    assert sorted(os.listdir(tmp_path)) == ["a_file.txt", "empty", "link", "occupied"]  # no export was started
 
 
 # -----------------------------------------------------------------------------

@@ -39,7 +39,25 @@ def test_shard_round_trip_and_header(tmp_path):
     assert os.path.getsize(path) == 1024 + 2 * 12345
     assert np.array_equal(np.fromfile(path, dtype="<u2", offset=1024), tokens)
     assert np.array_equal(read_shard(path), tokens)
-    assert not os.path.exists(path + ".tmp")
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temporary left beside it
+
+
+def test_atomic_write_takes_over_no_file_and_keeps_the_umask(tmp_path):
+    """The temporary twin has a name of its own (a user's <path>.tmp is not touched), and the file written
+    gets the permissions any new file gets."""
+    from common import atomic_write
+
+    path = tmp_path / "out.bin"
+    (tmp_path / "out.bin.tmp").write_text("theirs")
+    old = os.umask(0o027)
+    try:
+        with atomic_write(str(path)) as f:
+            f.write(b"data")
+    finally:
+        os.umask(old)
+    assert path.read_bytes() == b"data" and (tmp_path / "out.bin.tmp").read_text() == "theirs"
+    assert sorted(os.listdir(tmp_path)) == ["out.bin", "out.bin.tmp"]
+    assert os.stat(path).st_mode & 0o777 == 0o640
 
 
 def test_reads_build_nanogpt_npy_shards(tmp_path):

@@ -215,8 +215,13 @@ def fake_open(monkeypatch, module, error, when):
     monkeypatch.setattr(module, "open", fake, raising=False)
 
 
+def temporary_for(suffix):
+    """Whether path p is the temporary file atomic_write writes a file ending in suffix through."""
+    return lambda p, m: (common.temporary_of(os.path.basename(p)) or "").endswith(suffix) and "x" in m
+
+
 def full_disk(suffix):
-    return lambda mp, d, out, new: fake_open(mp, common, errno.ENOSPC, lambda p, m: p.endswith(suffix) and "w" in m)
+    return lambda mp, d, out, new: fake_open(mp, common, errno.ENOSPC, temporary_for(suffix))
 
 
 def offline(mp, d, out, new):
@@ -270,10 +275,10 @@ CASES = {
     "output_dir under a file": (["--output_dir", "DIR/a_file/x"], ["cannot write shards"]),
     "output_dir in /proc": (["--output_dir", "/proc/fineweb_test/out"], ["cannot write shards", "/proc/fineweb_test/out"]),
     "output_dir not writable": ([], ["cannot write shards", "PermissionError"],
-                                lambda mp, d, out, new: fake_open(mp, common, errno.EACCES, lambda p, m: p.startswith(out) and "w" in m)),
-    "disk full writing a shard": ([], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
-    "disk full writing the last shard": (["--max_shards", "3"], ["cannot write shards", "No space left"], full_disk(".bin.tmp")),
-    "disk full writing the manifest": ([], ["cannot write shards", "No space left"], full_disk("manifest.json.tmp")),
+                                lambda mp, d, out, new: fake_open(mp, common, errno.EACCES, lambda p, m: p.startswith(out) and m[0] in "wx")),
+    "disk full writing a shard": ([], ["cannot write shards", "No space left"], full_disk(".bin")),
+    "disk full writing the last shard": (["--max_shards", "3"], ["cannot write shards", "No space left"], full_disk(".bin")),
+    "disk full writing the manifest": ([], ["cannot write shards", "No space left"], full_disk("manifest.json")),
     "manifest not JSON": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: "{not json")),
     "manifest a JSON list": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: [m])),
     "manifest a number": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: 7)),
@@ -445,8 +450,8 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     assert not (out / "manifest.json").exists()
     cut.clear()
     with pytest.MonkeyPatch.context() as mp:  # the shards arrive, the disk is full when the manifest is written
-        fake_open(mp, common, errno.ENOSPC, lambda p, m: p.endswith("manifest.json.tmp"))
+        fake_open(mp, common, errno.ENOSPC, temporary_for("manifest.json"))
         assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "manifest.json", "No space left")
-    assert not (out / "manifest.json").exists() and not (out / "manifest.json.tmp").exists()
+    assert not (out / "manifest.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]

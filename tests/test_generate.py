@@ -427,6 +427,23 @@ def test_export_hf_round_trip(ckpt, ckpt_model, tmp_path, capsys):
     assert AutoTokenizer.from_pretrained(out_dir)(text).input_ids == get_tokenizer().encode(text, allowed_special="all")
 
 
+def test_export_takes_over_no_file_of_the_users(ckpt, tmp_path, capsys, monkeypatch):
+    """A file and a folder of the user's named like the export's temporary (DIR.tmp) are left as they were,
+    and an export into the current folder (empty) works."""
+    (tmp_path / "out.tmp").write_text("theirs")
+    (tmp_path / "other.tmp").mkdir()
+    (tmp_path / "other.tmp" / "notes.txt").write_text("theirs")
+    for name in ("out", "other"):
+        cli_main(["--checkpoint", ckpt, "--export_hf", str(tmp_path / name)], capsys)
+        assert os.path.isfile(tmp_path / name / "config.json")
+    assert (tmp_path / "out.tmp").read_text() == "theirs" and os.listdir(tmp_path / "other.tmp") == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["other", "other.tmp", "out", "out.tmp"]  # no temporary left
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    cli_main(["--checkpoint", ckpt, "--export_hf", "."], capsys)
+    assert os.path.isfile(tmp_path / "here" / "config.json")
+
+
 def test_export_refuses_an_existing_directory(ckpt, tmp_path, capsys):
     occupied = tmp_path / "occupied"
     occupied.mkdir()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import hellaswag
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script
+from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, write_hellaswag
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
          "slowly quickly holds puts takes runs walks jumps throws water ball rope bike table kitchen field "
@@ -276,3 +276,19 @@ def test_offline_download_is_a_user_error(tmp_path, monkeypatch):
     with pytest.raises(train_gpt2.UserError, match="--data"):
         hellaswag.load_examples(None, cache_dir=cache)
     assert os.listdir(cache) == []
+
+
+def test_download_writes_the_file_whole_and_leaves_other_files_alone(tmp_path, monkeypatch):
+    """The download path end to end over a file:// URL: the cache gets the bytes served, and a file of the
+    user's named like a temporary (hellaswag_val.jsonl.tmp) is neither used nor removed."""
+    source = tmp_path / "served" / "hellaswag_val.jsonl"
+    source.parent.mkdir()
+    write_hellaswag(str(source), n=5)
+    monkeypatch.setattr(hellaswag, "DATA_URL", (tmp_path / "served").as_uri() + "/hellaswag_{split}.jsonl")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "hellaswag_val.jsonl.tmp").write_text("theirs")
+    examples = hellaswag.load_examples(None, cache_dir=str(cache))
+    assert len(examples) == 5 and (cache / "hellaswag_val.jsonl").read_bytes() == source.read_bytes()
+    assert sorted(os.listdir(cache)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.tmp"]
+    assert (cache / "hellaswag_val.jsonl.tmp").read_text() == "theirs"
