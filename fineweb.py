@@ -674,6 +674,10 @@ def make_shards(args, manifest, ds, pool, val):
         for c in cutters.values() if not out.stopped else ():
             c.finish()
         out.wait()
+        if val and not out.stopped and not cutters["val"].written:  # train_gpt2.py could not use the shards
+            raise UserError(f"--val_tokens {args.val_tokens:,}: no unit of the input was drawn for validation (at a "
+                            f"rate of {val[0]:.2g}, units being whole documents or pieces of a .txt of at least "
+                            f"{UNIT_CHARS:,} characters); ask for more or try another --seed, with --overwrite")
         if not out.stopped:
             tokens = sum(c.written for c in cutters.values())
             manifest.update(complete=True, documents=count["documents"], tokens=tokens)
@@ -696,8 +700,8 @@ def report_split(args, shards, val):
         (asked, got), total = val, sum(s["tokens"] for s in shards)
         short = got < asked < math.inf
         print(f"validation: {got:,} tokens ({got / total:.2%}) drawn from across the input (seed {args.seed})" + (
-              f"; fewer than the {asked:,} asked for, as the input's size was overestimated (at ~{BYTES_PER_TOKEN} "
-              "bytes per token): ask for more, or give a fraction" if short else ""))
+              f"; fewer than the {asked:,} asked for: units are drawn at random, at the rate the input's estimated "
+              f"size (~{BYTES_PER_TOKEN} bytes per token) gives; ask for more, or give a fraction" if short else ""))
     ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
     if "train" not in ends:
         print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "

@@ -169,6 +169,16 @@ def test_count_that_the_input_does_not_reach_is_reported(tmp_path, capsys):
     assert code == 0 and got < 5000 and f"validation: {got:,} tokens" in stdout and "fewer than the 5,000 asked for" in stdout, stdout
 
 
+def test_a_count_too_small_to_draw_one_unit_is_refused(tmp_path, capsys):
+    """Shards without a val split are of no use to train_gpt2.py: a draw that takes no unit at all is an error."""
+    paths, docs = write_inputs(str(tmp_path / "in"))
+    out = tmp_path / "out"
+    code, _, err = fineweb_cli(capsys, "--input", *paths, "--output_dir", out, "--num_proc", 1, "--shard_size", 2000,
+                               "--val_tokens", 2)
+    assert code != 0 and "--val_tokens 2: no unit of the input was drawn for validation" in err, err
+    assert not [n for n in os.listdir(out) if "_val_" in n] and not read_manifest(str(out))["complete"]
+
+
 def test_seed_decides_the_draw(tmp_path):
     paths, docs = write_inputs(str(tmp_path / "in"))
     flags = ["--shard_size", 800, "--val_tokens", 0.1]
