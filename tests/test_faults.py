@@ -122,15 +122,16 @@ def test_checkpoints_that_load_but_are_not_ours(tmp_path, content):
         assert_one_line_error(run_script([*cmd, "--checkpoint", str(log_dir / "model_00005.pt"), "--device", "cpu"]), "model_00005.pt")
 
 
-def test_a_checkpoint_with_a_foreign_optimizer_layout(shards, tmp_path):
+def test_a_checkpoint_with_a_foreign_optimizer_layout(shards, tmp_path, capsys):
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
     path = os.path.join(log_dir, "model_00001.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:1]  # one group where we have two
     torch.save(ckpt, path)
-    with pytest.raises(train_gpt2.UserError, match="optimizer or loader state does not fit"):
+    with pytest.raises(train_gpt2.UserError, match="none of the 1 checkpoints"):
         train(shards, log_dir, "--max_steps", "4", "--resume")
+    assert "model_00001.pt: its weights or optimizer state do not fit" in capsys.readouterr().err
 
 
 def test_pruning_never_removes_the_newest_loadable_checkpoint(shards, tmp_path):
