@@ -21,6 +21,7 @@ to put it elsewhere); offline, pass a local HellaSwag .jsonl with --data. --dtyp
 --no_compile. The training loop calls load_examples() and evaluate() from here.
 """
 
+import codecs
 import json
 import os
 import re
@@ -112,15 +113,23 @@ def load_examples(path=None, cache_dir=None):
     if not os.path.isfile(path):
         raise UserError(f"HellaSwag file {path} does not exist; "
                         "give a HellaSwag-format .jsonl (or no file, to download val)")
-    examples = []
-    lineno = 0
     try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    examples.append(parse_example(line, f"{path}:{lineno}"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}:{lineno + 1}: not UTF-8 text; give a HellaSwag-format .jsonl") from None
+        with open(path, "rb") as f:  # bytes, decoded line by line: an error names the line it is on
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read HellaSwag file {path} ({e.strerror or e}); "
+                        "give a readable HellaSwag-format .jsonl") from None
+    if data.startswith(codecs.BOM_UTF8):  # a byte-order mark (Windows editors) at the start of the file
+        data = data[len(codecs.BOM_UTF8):]
+    examples = []
+    for lineno, raw in enumerate(data.splitlines(), 1):  # \n, \r\n or \r, as text mode splits
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is {raw[e.start]:#04x}); "
+                            "give a HellaSwag-format .jsonl in UTF-8") from None
+        if line.strip():
+            examples.append(parse_example(line, f"{path}:{lineno}"))
     if not examples:
         raise UserError(f"{path} holds no HellaSwag examples")
     return examples

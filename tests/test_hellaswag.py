@@ -251,6 +251,34 @@ def test_malformed_line_names_file_and_line(tmp_path, line, needle):
         hellaswag.load_examples(path)
 
 
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_text_that_is_not_utf8_names_its_line(tmp_path, newline):
+    """A latin-1 line after 100 good ones is line 101 (not where the decoder's read-ahead stopped)."""
+    path = str(tmp_path / "latin1.jsonl")
+    good = json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}).encode()
+    with open(path, "wb") as f:
+        f.write((good + newline) * 100 + '{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}'.encode("latin-1")
+                + newline + (good + newline) * 300)
+    with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:101: not UTF-8 text")):
+        hellaswag.load_examples(path)
+
+
+def test_a_byte_order_mark_starts_a_file_only(tmp_path, data):
+    """A UTF-8 byte-order mark (Windows editors) at the start of the file is read past; one mid-file is not JSON."""
+    with open(data, "rb") as f:
+        body = f.read()
+    path = str(tmp_path / "bom.jsonl")
+    with open(path, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + body)
+    assert hellaswag.load_examples(path) == [dict(ex, where=ex["where"].replace(data, path))
+                                             for ex in hellaswag.load_examples(data)]
+    lines = body.splitlines(keepends=True)
+    with open(path, "wb") as f:
+        f.write(lines[0] + b"\xef\xbb\xbf" + lines[1])
+    with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:2: not valid JSON")):
+        hellaswag.load_examples(path)
+
+
 def test_cli_errors(tmp_path, hf_dir, data):
     bad = str(tmp_path / "bad.jsonl")
     with open(bad, "w") as f:
