@@ -25,25 +25,119 @@ def brief(e):
 
 
 def run_cli(main_fn):
-    """Run a script's main(): a UserError becomes one line on stderr and exit code 2, not a traceback."""
+    """Run a script's main(): a UserError becomes one line on stderr and exit code 2, not a traceback.
+    A stdout that cannot be written (a full disk, /dev/full) is one line too, with exit code 1, and no
+    second error when the interpreter exits."""
     code = None
+    guard = sys.stdout = StdoutGuard(sys.stdout) if sys.stdout is not None else None
     try:
         main_fn()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = 2
+        if guard is not None and guard.failed is not None and caused_by(e, guard.failed):
+            code = stdout_failed(guard.failed, code)  # a script's message for its other files would blame them
+        else:
+            print(f"error: {e}", file=sys.stderr)
+            code = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        code = 141
+    except BrokenPipeError as e:  # the reader left (`| head`): stop quietly, as Unix tools do
+        code = stdout_failed(e, code)  # no second error when Python flushes stdout
+    except OSError as e:  # stdout's own (a write the guard saw fail, or output a flush still cannot write), or another
+        error = guard.failed if guard is not None and caused_by(e, guard.failed) else stdout_error()
+        if error is None:
+            raise  # another file's: the script's own handling (or a traceback) says which
+        code = stdout_failed(error, code)
     except SystemExit as e:  # argparse: --help, or a bad flag
         code = e.code
+    finally:
+        if guard is not None and sys.stdout is guard:
+            sys.stdout = guard.stream
+    error = stdout_error()  # the output still buffered: a full disk shows here, not in the interpreter's exit
+    passed_over = guard.failed if guard is not None else None  # argparse's --help passes over a failed write
+    if error is None and passed_over is not None and not isinstance(passed_over, BrokenPipeError):
+        error = passed_over  # (a closed pipe passed over is train_gpt2's console: the run goes on, on purpose)
+    if error is not None:
+        code = stdout_failed(error, code)
     if "RANK" in os.environ:  # one process of torchrun (or another launcher that sets RANK)
         leave_torchrun_worker(code)
     if code is not None:
         sys.exit(code)
+
+
+def caused_by(e, error):
+    """Whether exception e is error, or was raised while handling it (directly or further down the chain)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if e is error:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def stdout_failed(error, code):
+    """The exit code once writing stdout failed with error: 1 and a line saying so, unless the script
+    already failed (and said why); 141 and no word if the reader left (a closed pipe: `| head`). stdout
+    then writes to /dev/null, so nothing fails again at exit."""
+    if code in (None, 0):
+        if isinstance(error, BrokenPipeError):
+            code = 141
+        else:
+            print(f"error: cannot write to standard output ({error.strerror or brief(error)})", file=sys.stderr)
+            code = 1
+    silence_stdout()
+    return code
+
+
+class StdoutGuard:
+    """sys.stdout while run_cli runs a script: the same stream, but a write or flush that fails is
+    remembered, so run_cli tells a full stdout from the script's other OSErrors (unbuffered output,
+    PYTHONUNBUFFERED=1, keeps nothing back that a later flush could fail on)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.failed = None
+
+    def _call(self, name, *args):
+        try:
+            return getattr(self.stream, name)(*args)
+        except OSError as e:
+            self.failed = e
+            raise
+
+    def write(self, text):
+        return self._call("write", text)
+
+    def writelines(self, lines):
+        return self._call("writelines", lines)
+
+    def flush(self):
+        return self._call("flush")
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def stdout_error():
+    """The OSError that flushing stdout raises now (it holds output that the disk or pipe behind it
+    refused), or None."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as e:
+        return e
+    except ValueError:  # closed
+        pass
+    return None
+
+
+def silence_stdout():
+    """Point stdout's file descriptor at /dev/null: what is still buffered goes nowhere, without an error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's captured stdout)
+        pass
 
 
 def leave_torchrun_worker(code):
