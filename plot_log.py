@@ -15,11 +15,13 @@ A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels,
 - HellaSwag (only when the log has `hella` lines): acc_norm, its 0.25 chance line, GPT-2 124M's and
   GPT-3 124M's numbers;
 - every other kind (`lr`, `mmlu`, ...) on a panel of its own.
+A kind with no finite value (a run that diverged at once logs only nan) is left out; a log with
+nothing finite to plot is refused.
 A reference line is drawn only where it lies within or near the run's values on that panel (within a
 quarter of their spread, or a tenth of their size), so a short run's curves are not squashed by it.
 
---out must be a new file or an existing PNG: the log itself, or any other existing file that is not a
-PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
+--out must end in .png and be a new file or an existing PNG: the log itself, or any other existing file
+that is not a PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
 """
 
 import math
@@ -88,12 +90,14 @@ def is_loss(kind):
 
 
 def panels(series):
-    """[(panel title, [kinds])]: the losses, HellaSwag, then each other kind, leaving out empty groups."""
-    losses = [k for k in series if is_loss(k)]
+    """[(panel title, [kinds])]: the losses, HellaSwag, then each other kind, leaving out kinds without a
+    finite value (a run that diverged at once logs only nan) and the groups left empty."""
+    kinds = [k for k in series if k != "skipped" and finite(*series[k])[0]]
+    losses = [k for k in kinds if is_loss(k)]
     out = [(LOSS_PANEL, losses)] if losses else []
-    if "hella" in series:
+    if "hella" in kinds:
         out.append((HELLA_PANEL, ["hella"]))
-    out += [(k, [k]) for k in series if not is_loss(k) and k not in ("hella", "skipped")]
+    out += [(k, [k]) for k in kinds if not is_loss(k) and k != "hella"]
     return out
 
 
@@ -116,6 +120,8 @@ def build_figure(series, title=None, smooth=0):
     from matplotlib.figure import Figure
 
     groups = panels(series)
+    if not groups:
+        raise UserError("the log holds no finite values to plot")
     cols = min(len(groups), 3)
     rows = -(-len(groups) // cols)
     fig = Figure(figsize=(7 * cols, 5 * rows))
@@ -166,12 +172,14 @@ def build_figure(series, title=None, smooth=0):
 
 def check_out(out, log_path):
     """Refuse an --out whose writing would destroy something: the log itself, a folder, a file that is
-    not a PNG (a PNG is a plot from an earlier run: replacing it is the point). A missing file is fine
-    when its folder exists."""
+    not a PNG (a PNG is a plot from an earlier run: replacing it is the point); and a name that does not
+    end in .png (the plot is one). A missing file is fine when its folder exists."""
     if os.path.isdir(out):
         raise UserError(f"--out {out} is a folder; give a file name such as {os.path.join(out, 'plot.png')}")
     if os.path.exists(out) and os.path.exists(log_path) and os.path.samefile(out, log_path):
         raise UserError(f"--out {out} is the log being plotted; give another file, e.g. plot.png beside it")
+    if not out.lower().endswith(".png"):
+        raise UserError(f"--out {out}: the plot is a PNG; give a file name ending in .png")
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise UserError(f"--out {out}: the folder {folder} does not exist; create it or give another path")
@@ -190,7 +198,8 @@ def build_parser():
                               "logged kind) as one PNG.")
     p.add_argument("log", help="log.txt of a run, or its log folder")
     p.add_argument("--out", default=None,
-                   help="PNG to write: a new file or an existing PNG, never the log (default: plot.png beside the log)")
+                   help="PNG to write, ending in .png: a new file or an existing PNG, never the log "
+                        "(default: plot.png beside the log)")
     p.add_argument("--smooth", type=int, default=0, metavar="K",
                    help="also draw the mean of the last K train-loss points at each step over the raw curve "
                         "(0 or 1 = off)")
@@ -205,8 +214,11 @@ def main(argv=None):
     out = args.out if args.out is not None else os.path.join(os.path.dirname(os.path.abspath(path)), "plot.png")
     if not out:
         raise UserError("--out is empty; give a PNG file name")
-    series = parse_log(path)
     check_out(out, path)
+    series = parse_log(path)
+    if not panels(series):
+        raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
+                        "there is nothing to draw until the run logs a finite one")
     fig = build_figure(series, title=path, smooth=args.smooth)
     try:
         with atomic_write(out) as f:  # an existing plot is replaced only by a complete one

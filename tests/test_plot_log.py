@@ -34,13 +34,13 @@ def write(path, text):
 
 def test_parse_log_series(tmp_path):
     series = plot_log.parse_log(write(tmp_path / "log.txt", LOG))
-    assert sorted(series) == ["hella", "train", "val"]
-    steps, values = series["train"]
-    assert steps == [0, 1, 2, 3, 4, 5]
-    assert values[:2] == [10.991234, 9.5] and math.isnan(values[2]) and values[3:] == [7.25, 3.95, 3.5]
+    assert sorted(series) == ["hella", "skipped", "train", "val"]  # `2 train nan skipped`: a step not applied
+    assert series["train"] == ([0, 1, 3, 4, 5], [10.991234, 9.5, 7.25, 3.95, 3.5])
+    steps, values = series["skipped"]
+    assert steps == [2] and math.isnan(values[0])
     assert series["val"] == ([0, 5], [10.9876, 3.9])
     assert series["hella"] == ([0, 5], [0.25, 0.271])
-    assert plot_log.finite(*series["train"]) == ([0, 1, 3, 4, 5], [10.991234, 9.5, 7.25, 3.95, 3.5])
+    assert plot_log.finite([0, 1, 2, 3], [9.5, float("nan"), float("inf"), 7.25]) == ([0, 3], [9.5, 7.25])
     # a step logged twice keeps the later line
     series = plot_log.parse_log(write(tmp_path / "dup.txt", "1 val 5.0\n2 val 4.0\n1 val 4.5\n"))
     assert series["val"] == ([1, 2], [4.5, 4.0])
@@ -192,7 +192,7 @@ def test_out_refuses_the_log_and_non_png_files(tmp_path):
     r = run_script(["plot_log.py", log, "--out", log])
     assert_one_line_error(r, "--out", "is the log")
     assert r.returncode == 2 and r.stdout == ""
-    for out, needle in [(log, "is the log"), (str(tmp_path / "link.png"), "is the log"), (notes, "not a PNG"),
+    for out, needle in [(log, "is the log"), (str(tmp_path / "link.png"), "is the log"), (notes, "ending in .png"),
                         (empty, "not a PNG"), (str(tmp_path), "is a folder"), (str(tmp_path / "no" / "plot.png"), "does not exist")]:
         with pytest.raises(UserError, match=needle):
             plot_log.main([log, "--out", out])
@@ -210,6 +210,37 @@ def test_out_refuses_the_log_and_non_png_files(tmp_path):
     plot_log.main([log, "--out", str(old)])
     assert old.read_bytes().startswith(PNG) and len(old.read_bytes()) > 1000
     assert (tmp_path / "log.txt").read_text() == LOG
+
+
+def test_out_must_be_named_png_before_any_work(tmp_path):
+    """The plot is a PNG: --out x.svg (or .png.txt, or no extension) is refused before the log is read (a bad
+    log line would be named otherwise), and nothing is written; .PNG in capitals is a PNG name."""
+    bad_log = write(tmp_path / "log.txt", "0 train 11.0\nnot a log line\n")
+    assert_one_line_error(run_script(["plot_log.py", bad_log, "--out", str(tmp_path / "plot.svg")]),
+                          f"--out {tmp_path / 'plot.svg'}", "ending in .png")
+    for name in ("plot.svg", "plot.png.txt", "plot", "plot.jpg"):
+        with pytest.raises(UserError, match="ending in .png"):
+            plot_log.main([bad_log, "--out", str(tmp_path / name)])
+    assert sorted(os.listdir(tmp_path)) == ["log.txt"]
+    log = write(tmp_path / "log.txt", "0 train 11.0\n1 train 10.0\n")
+    out = str(tmp_path / "PLOT.PNG")
+    assert plot_log.main([log, "--out", out]) == out
+    assert (tmp_path / "PLOT.PNG").read_bytes().startswith(PNG)
+
+
+def test_kinds_without_a_finite_value_are_left_out(tmp_path):
+    """A kind logged only as nan or inf gets no line and no panel; a log with nothing finite (a run that
+    diverged at once, or only skipped steps) is one line, and no plot is written."""
+    fig = figure(tmp_path, "0 train nan\n1 train inf\n0 val 5.0\n1 val 4.5\n0 lr -inf\n0 mmlu 0.3\n1 mmlu nan\n")
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "mmlu"]
+    assert list(lines_by_label(fig.axes[0])) == ["val loss (last 4.5)"]
+    assert list(find(lines_by_label(fig.axes[1]), "mmlu").get_ydata()) == [0.3]
+    for text in ("0 train nan\n1 train nan\n", "0 train inf\n0 hella nan\n0 lr nan\n", "2 skipped 3.5\n"):
+        log = write(tmp_path / "log.txt", text)
+        out = tmp_path / "plot.png"
+        r = run_script(["plot_log.py", log, "--out", str(out)])
+        assert_one_line_error(r, f"{log} holds no finite values to plot")
+        assert not out.exists()
 
 
 def test_no_torch_even_when_plotting(tmp_path):
