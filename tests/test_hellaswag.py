@@ -257,8 +257,8 @@ def test_text_that_is_not_utf8_names_its_line(tmp_path, newline):
     path = str(tmp_path / "latin1.jsonl")
     good = json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}).encode()
     with open(path, "wb") as f:
-        f.write((good + newline) * 100 + '{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}'.encode("latin-1")
-                + newline + (good + newline) * 300)
+        latin1 = '{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}'.encode("latin-1")
+        f.write((good + newline) * 100 + latin1 + newline + (good + newline) * 300)
     with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:101: not UTF-8 text")):
         hellaswag.load_examples(path)
 
