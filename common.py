@@ -135,9 +135,14 @@ def stdout_error():
 def silence_stdout():
     """Point stdout's file descriptor at /dev/null: what is still buffered goes nowhere, without an error."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        fd = sys.stdout.fileno()
     except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's captured stdout)
-        pass
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def leave_torchrun_worker(code):
