@@ -1178,13 +1178,18 @@ def parse_args(argv=None, saved_args=None):
     return args
 
 
-def resume_args(argv, saved_args, master):
+def resume_args(argv, saved_args, master, saved_config=None):
     """Resuming continues the same run: the checkpoint's settings, with what the command line
-    changes printed. The shape and the batch cannot change."""
+    changes printed. The shape and the batch cannot change. saved_config is the checkpoint's model
+    config: --n_layer/--n_head/--n_embd are compared with the shape the run has (a preset's or
+    --init_from's), not with the flag as saved (None where the run did not give it)."""
     args = parse_args(argv, saved_args)
     if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
         saved_args = {**saved_args, "no_shuffle": True}
         args.no_shuffle = True
+    if isinstance(saved_config, dict):
+        shape = {k: saved_config[k] for k in ("n_layer", "n_head", "n_embd") if k in saved_config}
+        saved_args = {**saved_args, **shape}
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
@@ -2137,7 +2142,7 @@ def main(argv=None):
     if args.resume:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master)
         if ckpt is not None:
-            args = resume_args(argv, ckpt.get("args", {}), master)
+            args = resume_args(argv, ckpt.get("args", {}), master, ckpt["config"])
         elif master:
             print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir):
