@@ -1260,21 +1260,23 @@ def available_memory_bytes():
 def check_memory(config, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.)"""
+    is an error the loop turns into one line.) config is run_config's, --init_from's shape included."""
     have = available_memory_bytes()
-    if config is None or have is None:
+    if have is None:
         return
+    smaller = ("a smaller --model or --n_layer/--n_embd" if args.init_from == "scratch"
+               else f"a smaller model than --init_from {args.init_from}")
     weights = 4 * (config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2)
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
-                        f"but {have / 2**30:.1f} GiB of memory is available; "
-                        "pick a smaller --model or --n_layer/--n_embd")
+                        f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
     need = estimated_bytes(config, args.batch_size, args.seq_len, dtype) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
-                        "(gradient accumulation keeps --total_batch_size) or --seq_len, or use --model tiny")
+                        "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
+                        + ("--model tiny" if args.init_from == "scratch" else smaller))
 
 
 # -----------------------------------------------------------------------------
@@ -1477,30 +1479,52 @@ def console(*parts, **kwargs):
 
 
 def run_config(args, ckpt):
-    """The shape of this run's model: the checkpoint's when resuming, else the preset's with the
-    overrides; None for GPT-2 weights (their shape comes with them)."""
+    """The shape of this run's model: the checkpoint's when resuming, the weights' with --init_from
+    (read before loading them; shape flags that ask for another are refused), else the preset's with
+    the overrides."""
     if ckpt is not None:
-        return config_from_checkpoint(ckpt)
-    if args.init_from != "scratch":
-        return None
-    shape = dict(MODEL_PRESETS[args.model])
-    for name in ("n_layer", "n_head", "n_embd"):
-        if getattr(args, name) is not None:
-            shape[name] = getattr(args, name)
-    if shape["n_embd"] % shape["n_head"]:
-        raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-    return GPTConfig(block_size=args.seq_len, **shape)
+        config = config_from_checkpoint(ckpt)
+    elif args.init_from != "scratch":
+        config = pretrained_config(args.init_from)
+        check_init_from_shape(args, config)
+    else:
+        shape = dict(MODEL_PRESETS[args.model])
+        for name in ("n_layer", "n_head", "n_embd"):
+            if getattr(args, name) is not None:
+                shape[name] = getattr(args, name)
+        if shape["n_embd"] % shape["n_head"]:
+            raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
+        return GPTConfig(block_size=args.seq_len, **shape)
+    if args.seq_len > config.block_size:
+        source = "the checkpoint" if ckpt is not None else f"--init_from {args.init_from}"
+        raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
+                        f"give --seq_len {config.block_size} or less")
+    return config
+
+
+def check_init_from_shape(args, config):
+    """--init_from brings its shape: refuse --model/--n_layer/--n_head/--n_embd given on the command line
+    that ask for another (the same shape, e.g. repeated by a script, is fine)."""
+    asked = dict(MODEL_PRESETS[args.model]) if "model" in args.explicit else {}
+    asked.update({name: getattr(args, name) for name in ("n_layer", "n_head", "n_embd") if name in args.explicit})
+    wrong = [name for name, value in asked.items() if value != getattr(config, name)]
+    if wrong:
+        flags = (["--model " + args.model] if "model" in args.explicit else []) + [
+            f"--{name} {getattr(args, name)}" for name in ("n_layer", "n_head", "n_embd") if name in args.explicit]
+        have = ", ".join(f"{name} {getattr(config, name)}" for name in ("n_layer", "n_head", "n_embd"))
+        raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have {have}; "
+                        "drop the shape flags (the weights bring their shape)")
 
 
 def build_model(args, ckpt, config, device):
-    """Model for this run, on device: from the checkpoint when resuming, else the config or GPT-2 weights."""
+    """Model for this run (of run_config's shape), on device: from the checkpoint when resuming, else GPT-2
+    weights or a fresh init."""
     if ckpt is not None:
         model = model_from_checkpoint(ckpt)
+    elif args.init_from != "scratch":
+        model = GPT.from_pretrained(args.init_from)
     else:
-        model = GPT(config) if config is not None else GPT.from_pretrained(args.init_from)
-    if args.seq_len > model.config.block_size:
-        source = "the model" if ckpt is not None or config is not None else args.init_from
-        raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {model.config.block_size}")
+        model = GPT(config)
     model.loss_impl, model.recompute = args.loss_impl, args.recompute
     return model.to(device)
 
