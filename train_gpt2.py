@@ -311,32 +311,29 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir):
         """GPT-2 weights from the HF hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local
-        transformers GPT2LMHeadModel directory. The vocabulary stays 50257, as OpenAI trained it."""
-        if name_or_dir not in HF_GPT2_MODELS and not os.path.isdir(name_or_dir):
-            raise UserError(
-                f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(HF_GPT2_MODELS)}) "
-                "nor a local HF model directory"
-            )
+        transformers GPT-2 directory, refused before loading when this GPT would compute something else
+        with them (pretrained_config). The vocabulary stays as saved (50257 for OpenAI's)."""
+        pretrained_config(name_or_dir)
         from transformers import GPT2LMHeadModel
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # stderr is for one-line errors; loading 124M weights takes a second
         try:
-            if os.path.isdir(name_or_dir):
-                hf_model = GPT2LMHeadModel.from_pretrained(name_or_dir)
-            else:
-                hf_model = hub_gpt2(GPT2LMHeadModel, name_or_dir)
+            with quiet_transformers():
+                if os.path.isdir(name_or_dir):
+                    hf_model, info = GPT2LMHeadModel.from_pretrained(name_or_dir, output_loading_info=True)
+                else:
+                    hf_model, info = hub_gpt2(GPT2LMHeadModel, name_or_dir, output_loading_info=True)
         except UserError:
             raise
-        except Exception as e:  # missing files, a non-GPT-2 directory
+        except Exception as e:  # missing or broken weight files, weights of another shape than config.json's
             raise UserError(
                 f"cannot load GPT-2 weights from {name_or_dir!r} ({brief(e)}); "
                 "a hub name needs network access once, or give a local directory saved by save_pretrained"
             ) from None
-        hf = hf_model.config
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size,
-                           n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd)
-        model = cls(config)
+        missing = sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias")))
+        if missing:  # transformers would fill them with random numbers
+            raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of a GPT-2 "
+                            f"(e.g. {missing[0]}); give a directory saved by save_pretrained of a GPT2LMHeadModel")
+        model = cls(config_from_hf(hf_model.config, name_or_dir))  # the config that came with the weights
         model.load_state_dict(hf_to_our_state_dict(hf_model.state_dict()))
         return model
 
@@ -409,10 +406,10 @@ class GPT(nn.Module):
         return idx
 
 
-def hub_gpt2(model_class, name):
+def hub_gpt2(model_class, name, **kwargs):
     """GPT-2 weights from the local HF cache, else from the hub: offline, an error at once."""
     try:
-        return model_class.from_pretrained(name, local_files_only=True)
+        return model_class.from_pretrained(name, local_files_only=True, **kwargs)
     except OSError:
         pass
     from huggingface_hub import constants
@@ -421,7 +418,82 @@ def hub_gpt2(model_class, name):
         raise UserError(f"--init_from {name}: not in the Hugging Face cache and {constants.ENDPOINT} "
                         "cannot be reached; connect once to download it, or give a local directory saved by "
                         "save_pretrained")
-    return model_class.from_pretrained(name)
+    return model_class.from_pretrained(name, **kwargs)
+
+
+# --init_from's hub names and the presets of their shapes (context 1024, vocabulary 50257)
+HF_GPT2_PRESETS = dict(zip(HF_GPT2_MODELS, ("d12", "d24", "d36", "d48")))
+# transformers' names of GPT-2's tanh approximation of GELU, the one MLP uses
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python_tanh")
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' warnings and multi-line load reports off while it runs (stderr is for one-line
+    errors; what they would say about --init_from is refused in one line); its progress bars off for good."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def pretrained_config(name_or_dir):
+    """The GPTConfig of --init_from's weights, known without loading them: a hub name's is its preset's,
+    a local directory's comes from its config.json (checked by config_from_hf). Cheap and offline."""
+    if os.path.isdir(name_or_dir):
+        from transformers import AutoConfig
+
+        try:
+            with quiet_transformers():
+                hf = AutoConfig.from_pretrained(name_or_dir)
+        except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
+            raise UserError(f"--init_from {name_or_dir}: cannot read its config.json ({brief(e)}); "
+                            "give a GPT-2 directory saved by save_pretrained") from None
+        return config_from_hf(hf, name_or_dir)
+    if name_or_dir in HF_GPT2_PRESETS:
+        return GPTConfig(block_size=1024, vocab_size=GPT2_VOCAB_SIZE, **MODEL_PRESETS[HF_GPT2_PRESETS[name_or_dir]])
+    raise UserError(f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(HF_GPT2_MODELS)}) "
+                    "nor a local HF model directory")
+
+
+def config_from_hf(hf, source):
+    """Our GPTConfig for a transformers config, or a one-line refusal naming every setting with which
+    transformers' model computes something our GPT does not (so its weights would give other logits)."""
+    get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
+    if get("model_type") != "gpt2":
+        raise UserError(f"--init_from {source}: it holds a {get('model_type')!r} model, not GPT-2; "
+                        f"give a GPT-2 (model_type gpt2) directory or a hub name ({', '.join(HF_GPT2_MODELS)})")
+    n_embd, n_head = get("n_embd"), get("n_head")
+    problems = []
+    if get("vocab_size") < GPT2_VOCAB_SIZE:
+        problems.append(f"vocab_size {get('vocab_size')} (the GPT-2 tokenizer makes {GPT2_VOCAB_SIZE} token ids)")
+    if not get("tie_word_embeddings", True):
+        problems.append("tie_word_embeddings false (an output head of its own; this GPT ties it to the embedding)")
+    if get("activation_function") not in TANH_GELUS:
+        problems.append(f"activation_function {get('activation_function')} (this GPT: gelu_new)")
+    if get("n_inner") not in (None, 4 * n_embd):
+        problems.append(f"n_inner {get('n_inner')} (this GPT: 4 x n_embd = {4 * n_embd})")
+    if n_embd % n_head:
+        problems.append(f"n_embd {n_embd} not divisible by n_head {n_head}")
+    if not math.isclose(get("layer_norm_epsilon", 1e-5), 1e-5):
+        problems.append(f"layer_norm_epsilon {get('layer_norm_epsilon')} (this GPT: 1e-05)")
+    if not get("scale_attn_weights", True):
+        problems.append("scale_attn_weights false")
+    if get("scale_attn_by_inverse_layer_idx", False):
+        problems.append("scale_attn_by_inverse_layer_idx true")
+    if get("add_cross_attention", False):
+        problems.append("add_cross_attention true")
+    if problems:
+        raise UserError(f"--init_from {source}: a GPT-2 variant this program's GPT cannot compute: "
+                        f"{'; '.join(problems)}; give a GPT-2 of OpenAI's architecture (tied embeddings, the GPT-2 "
+                        f"vocabulary, tanh GELU) or a hub name ({', '.join(HF_GPT2_MODELS)})")
+    return GPTConfig(block_size=get("n_positions"), vocab_size=get("vocab_size"), n_layer=get("n_layer"),
+                     n_head=n_head, n_embd=n_embd)
 
 
 def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
@@ -1106,13 +1178,18 @@ def parse_args(argv=None, saved_args=None):
     return args
 
 
-def resume_args(argv, saved_args, master):
+def resume_args(argv, saved_args, master, saved_config=None):
     """Resuming continues the same run: the checkpoint's settings, with what the command line
-    changes printed. The shape and the batch cannot change."""
+    changes printed. The shape and the batch cannot change. saved_config is the checkpoint's model
+    config: --n_layer/--n_head/--n_embd are compared with the shape the run has (a preset's or
+    --init_from's), not with the flag as saved (None where the run did not give it)."""
     args = parse_args(argv, saved_args)
     if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
         saved_args = {**saved_args, "no_shuffle": True}
         args.no_shuffle = True
+    if isinstance(saved_config, dict):
+        shape = {k: saved_config[k] for k in ("n_layer", "n_head", "n_embd") if k in saved_config}
+        saved_args = {**saved_args, **shape}
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
@@ -1183,21 +1260,23 @@ def available_memory_bytes():
 def check_memory(config, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.)"""
+    is an error the loop turns into one line.) config is run_config's, --init_from's shape included."""
     have = available_memory_bytes()
-    if config is None or have is None:
+    if have is None:
         return
+    smaller = ("a smaller --model or --n_layer/--n_embd" if args.init_from == "scratch"
+               else f"a smaller model than --init_from {args.init_from}")
     weights = 4 * (config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2)
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
-                        f"but {have / 2**30:.1f} GiB of memory is available; "
-                        "pick a smaller --model or --n_layer/--n_embd")
+                        f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
     need = estimated_bytes(config, args.batch_size, args.seq_len, dtype) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
-                        "(gradient accumulation keeps --total_batch_size) or --seq_len, or use --model tiny")
+                        "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
+                        + ("--model tiny" if args.init_from == "scratch" else smaller))
 
 
 # -----------------------------------------------------------------------------
@@ -1400,30 +1479,52 @@ def console(*parts, **kwargs):
 
 
 def run_config(args, ckpt):
-    """The shape of this run's model: the checkpoint's when resuming, else the preset's with the
-    overrides; None for GPT-2 weights (their shape comes with them)."""
+    """The shape of this run's model: the checkpoint's when resuming, the weights' with --init_from
+    (read before loading them; shape flags that ask for another are refused), else the preset's with
+    the overrides."""
     if ckpt is not None:
-        return config_from_checkpoint(ckpt)
-    if args.init_from != "scratch":
-        return None
-    shape = dict(MODEL_PRESETS[args.model])
-    for name in ("n_layer", "n_head", "n_embd"):
-        if getattr(args, name) is not None:
-            shape[name] = getattr(args, name)
-    if shape["n_embd"] % shape["n_head"]:
-        raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-    return GPTConfig(block_size=args.seq_len, **shape)
+        config = config_from_checkpoint(ckpt)
+    elif args.init_from != "scratch":
+        config = pretrained_config(args.init_from)
+        check_init_from_shape(args, config)
+    else:
+        shape = dict(MODEL_PRESETS[args.model])
+        for name in ("n_layer", "n_head", "n_embd"):
+            if getattr(args, name) is not None:
+                shape[name] = getattr(args, name)
+        if shape["n_embd"] % shape["n_head"]:
+            raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
+        return GPTConfig(block_size=args.seq_len, **shape)
+    if args.seq_len > config.block_size:
+        source = "the checkpoint" if ckpt is not None else f"--init_from {args.init_from}"
+        raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
+                        f"give --seq_len {config.block_size} or less")
+    return config
+
+
+def check_init_from_shape(args, config):
+    """--init_from brings its shape: refuse --model/--n_layer/--n_head/--n_embd given on the command line
+    that ask for another (the same shape, e.g. repeated by a script, is fine)."""
+    asked = dict(MODEL_PRESETS[args.model]) if "model" in args.explicit else {}
+    asked.update({name: getattr(args, name) for name in ("n_layer", "n_head", "n_embd") if name in args.explicit})
+    wrong = [name for name, value in asked.items() if value != getattr(config, name)]
+    if wrong:
+        flags = (["--model " + args.model] if "model" in args.explicit else []) + [
+            f"--{name} {getattr(args, name)}" for name in ("n_layer", "n_head", "n_embd") if name in args.explicit]
+        have = ", ".join(f"{name} {getattr(config, name)}" for name in ("n_layer", "n_head", "n_embd"))
+        raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have {have}; "
+                        "drop the shape flags (the weights bring their shape)")
 
 
 def build_model(args, ckpt, config, device):
-    """Model for this run, on device: from the checkpoint when resuming, else the config or GPT-2 weights."""
+    """Model for this run (of run_config's shape), on device: from the checkpoint when resuming, else GPT-2
+    weights or a fresh init."""
     if ckpt is not None:
         model = model_from_checkpoint(ckpt)
+    elif args.init_from != "scratch":
+        model = GPT.from_pretrained(args.init_from)
     else:
-        model = GPT(config) if config is not None else GPT.from_pretrained(args.init_from)
-    if args.seq_len > model.config.block_size:
-        source = "the model" if ckpt is not None or config is not None else args.init_from
-        raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {model.config.block_size}")
+        model = GPT(config)
     model.loss_impl, model.recompute = args.loss_impl, args.recompute
     return model.to(device)
 
@@ -2065,7 +2166,7 @@ def main(argv=None):
     if args.resume:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master)
         if ckpt is not None:
-            args = resume_args(argv, ckpt.get("args", {}), master)
+            args = resume_args(argv, ckpt.get("args", {}), master, ckpt["config"])
         elif master:
             print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir):

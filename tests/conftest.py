@@ -38,6 +38,11 @@ TINY_FLAGS = ["--model", "tiny", "--n_layer", "2", "--n_head", "2", "--n_embd", 
               "--total_batch_size", "256", "--warmup_steps", "2", "--max_lr", "3e-3", "--val_steps", "2",
               "--hellaswag_every", "0", "--sample_every", "0", "--device", "cpu", "--dtype", "fp32", "--no_compile",
               "--no_shuffle"]
+# TINY_FLAGS less --model/--n_layer/--n_head/--n_embd and their values (an --init_from run's shape is
+# its weights'), one step unless told
+SHAPE_FLAGS = ("--model", "--n_layer", "--n_head", "--n_embd")
+TINY_RUN_FLAGS = [flag for before, flag in zip([None, *TINY_FLAGS], TINY_FLAGS)
+                  if flag not in SHAPE_FLAGS and before not in SHAPE_FLAGS] + ["--max_steps", "1"]
 
 
 def read_log(log_dir):
@@ -104,24 +109,30 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def fineweb_cli(capsys, *argv):
-    """(exit code, stdout, stderr) of fineweb's command line, run in this process as `python fineweb.py`
+def script_cli(capsys, main, *argv):
+    """(exit code, stdout, stderr) of a script's command line, run in this process as `python SCRIPT.py`
     runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
     import common
-    import fineweb
 
     capsys.readouterr()
     code = 0
     try:
-        common.run_cli(lambda: fineweb.main([str(a) for a in argv]))
+        common.run_cli(lambda: main([str(a) for a in argv]))
     except SystemExit as e:
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
 
 
+def fineweb_cli(capsys, *argv):
+    """script_cli of fineweb.py."""
+    import fineweb
+
+    return script_cli(capsys, fineweb.main, *argv)
+
+
 def assert_cli_error(result, *needles):
-    """fineweb_cli's result is a user error: exit 2, one `error:` line naming the needles, no traceback."""
+    """script_cli's result is a user error: exit 2, one `error:` line naming the needles, no traceback."""
     code, _, err = result
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (code, err)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train, truncate_half
+from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train,
+                      truncate_half)
 
 HUGE = str(2**63)
 # flag -> values that must be refused before any work
@@ -252,8 +253,8 @@ def test_help_gives_every_flag_a_text_and_one_default():
 
 def test_init_from_a_hub_name_offline_fails_at_once(shards, tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--init_from", "gpt2"],
-                        env=env)
+    result = run_script(["train_gpt2.py", *TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
+                         "--init_from", "gpt2"], env=env)
     assert_one_line_error(result, "--init_from gpt2", "not in the Hugging Face cache")
 
 
