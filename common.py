@@ -19,8 +19,10 @@ class UserError(Exception):
 
 def brief(e):
     """An exception as a short single line, for error messages."""
-    text = str(e).strip().splitlines()
-    text = text[0] if text else ""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:  # "Error(s) in loading state_dict for GPT:" names nothing yet
+        text += " " + lines[1]
     return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
 
 

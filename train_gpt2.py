@@ -938,7 +938,8 @@ def model_from_checkpoint(ckpt, path="checkpoint"):
         model = GPT(config)
         model.load_state_dict(strip_prefixes(ckpt["model"]))
     except (TypeError, RuntimeError, AttributeError) as e:
-        raise UserError(f"{path}: weights do not fit the GPT architecture ({brief(e)})") from None
+        raise UserError(f"{path}: weights do not fit the GPT architecture its config describes ({brief(e)}); "
+                        "it is damaged or not a checkpoint of this program") from None
     return model
 
 
@@ -967,7 +968,9 @@ def newest_checkpoint(path):
         return path
     found = find_checkpoints(path)
     if not found:
-        raise UserError(f"no model_*.pt checkpoint in {path}")
+        hint = "; a transformers model folder is loaded with --init_from" if os.path.isfile(
+            os.path.join(path, "config.json")) else ""
+        raise UserError(f"no model_*.pt checkpoint in {path}{hint}")
     return found[0]
 
 

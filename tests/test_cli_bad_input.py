@@ -128,10 +128,11 @@ def files(tmp_path_factory):
     save("other_arch", {"model": good["model"], "config": dict(good["config"], n_embd=64)})
     save("nan_weights", {"model": {k: torch.full_like(v, float("nan")) for k, v in good["model"].items()}, "config": good["config"]})
     # folders: one without checkpoints, one whose newest "checkpoint" is a folder, one whose newest is truncated
-    for name in ("no_ckpts", "ckpt_is_dir", "newest_truncated"):
+    for name in ("no_ckpts", "ckpt_is_dir", "newest_truncated", "hf_folder"):
         os.mkdir(d / name)
         paths[name] = str(d / name)
     os.mkdir(d / "ckpt_is_dir" / "model_00005.pt")
+    (d / "hf_folder" / "config.json").write_text('{"model_type": "gpt2"}')  # what save_pretrained writes first
     with open(d / "newest_truncated" / "model_00009.pt", "wb") as f:
         f.write(raw["truncated"])
     torch.save(good, d / "newest_truncated" / "model_00001.pt")
@@ -156,6 +157,7 @@ def checkpoint_cases(f):
         ("", "--checkpoint"),
         (f["missing"], "does not exist"),
         (f["no_ckpts"], "no model_*.pt"),
+        (f["hf_folder"], "no model_*.pt", "--init_from"),
         (f["ckpt_is_dir"], "model_00005.pt"),
         (f["newest_truncated"], "model_00009.pt", "truncated"),
         (f["truncated"], "truncated"),
@@ -174,7 +176,7 @@ def checkpoint_cases(f):
         (f["n_head_3"], "n_head_3.pt"),
         (f["n_layer_neg"], "not a GPT shape"),
         (f["block_neg"], "block_neg.pt"),
-        (f["other_arch"], "do not fit"),
+        (f["other_arch"], "do not fit", "size mismatch"),  # the first mismatch is named
         (f["nan_weights"], "NaN"),
     ]
 
@@ -318,9 +320,9 @@ def test_plot_log_bad_input_table(tmp_path, capsys):
         ([L, L], "unrecognized"),
         ([L, "--out", L], "is the log"),
         ([L, "--out", str(tmp_path / "link.png")], "is the log"),
-        ([L, "--out", str(tmp_path / "notes.txt")], "not a PNG"),
+        ([L, "--out", str(tmp_path / "notes.txt")], "ending in .png"),
         ([L, "--out", str(tmp_path / "fake.png")], "not a PNG"),
-        ([L, "--out", str(tmp_path / "empty.txt")], "not a PNG"),
+        ([L, "--out", str(tmp_path / "empty.txt")], "ending in .png"),
         ([L, "--out", str(tmp_path)], "is a folder"),
         ([L, "--out", ""], "--out is empty"),
         ([L, "--out", str(tmp_path / "no" / "plot.png")], "does not exist"),
