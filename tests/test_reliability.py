@@ -123,40 +123,77 @@ def test_signal_checkpoints_and_exits_cleanly(shards, tmp_path, sig):
 KILL_WRITER = """
 import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
-import train_gpt2
-path, kind = sys.argv[1], sys.argv[2]
-i = 0
-while True:
-    i += 1
-    print("writing", i, flush=True)  # the test kills after reading this: the write of version i has begun
-    if kind == "checkpoint":
-        train_gpt2.save_checkpoint(path, {{"model": {{"w": torch.full((4_000_000,), float(i))}}, "config": {{}}, "step": i}})
+import common, train_gpt2
+path, kind, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+STOP_AT = 1 << 20  # bytes of version k that reach the disk before the writer stops inside its write
+
+
+class StopsMidWrite:
+    \"\"\"The file atomic_write opens for version k: after its first STOP_AT bytes it says so and waits
+    (on stdin, which never comes) for the test's SIGKILL.\"\"\"
+
+    def __init__(self, f):
+        self.f, self.written = f, 0
+
+    def write(self, data):
+        data = bytes(data)
+        if self.written + len(data) >= STOP_AT:
+            self.f.write(data[: STOP_AT - self.written])
+            self.f.flush()
+            print("mid-write", flush=True)
+            sys.stdin.readline()
+            raise SystemExit("not killed")
+        self.written += len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+
+real_open, version = open, 0
+common.open = lambda *a, **kw: StopsMidWrite(real_open(*a, **kw)) if version == k else real_open(*a, **kw)
+for version in range(1, k + 1):  # versions 1 .. k-1 complete, then version k stops in the middle
+    if kind == "checkpoint":  # the payload is built before the write begins
+        payload = {{"model": {{"w": torch.full((4_000_000,), float(version))}}, "config": {{}}, "step": version}}
+        train_gpt2.save_checkpoint(path, payload)
     else:
-        train_gpt2.write_shard(path, np.full(4_000_000, i % 60000))
+        payload = np.full(4_000_000, version % 60000)
+        train_gpt2.write_shard(path, payload)
 """
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "shard"])
 def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
-    """SIGKILL while version k is being written (k-1 versions complete): the file under the final
-    name is one whole earlier version, never a mix or a truncation."""
+    """SIGKILL in the middle of version k's write (k-1 versions complete, version k's first MiB on
+    disk): the file under the final name is version k-1, whole; the partial bytes only ever sat
+    under the temporary name."""
     script = tmp_path / "writer.py"
     script.write_text(KILL_WRITER.format(root=ROOT))
     path = str(tmp_path / ("model_00001.pt" if kind == "checkpoint" else "t_train_000001.bin"))
-    for k in (2, 3, 5):
-        proc = subprocess.Popen([sys.executable, str(script), path, kind], stdout=subprocess.PIPE, text=True)
-        while proc.stdout.readline().split() != ["writing", str(k)]:
-            pass
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+    for k in (2, 3):
+        proc = subprocess.Popen([sys.executable, str(script), path, kind, str(k)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with proc:  # on the way out, even from a failed assertion: stdin closed, the writer ends
+            for line in proc.stdout:  # ends at EOF if the writer dies first
+                if line == "mid-write\n":
+                    break
+            else:
+                raise AssertionError(f"the writer ended before it was stopped: {proc.stderr.read()[-2000:]}")
+            assert os.path.getsize(path + ".tmp") == 1 << 20  # the kill lands mid-write, under the temporary name
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         if kind == "checkpoint":
             ckpt = train_gpt2.load_checkpoint(path)
-            w = ckpt["model"]["w"]
-            assert 1 <= ckpt["step"] < k and torch.all(w == float(ckpt["step"]))  # one whole version, not a mix
+            assert ckpt["step"] == k - 1 and torch.equal(ckpt["model"]["w"], torch.full((4_000_000,), float(k - 1)))
         else:
             tokens = train_gpt2.read_shard(path)
-            assert len(tokens) == 4_000_000 and np.all(tokens == tokens[0]) and 1 <= tokens[0] < k
+            assert len(tokens) == 4_000_000 and np.all(tokens == k - 1)
 
 
 def test_keep_checkpoints(shards, tmp_path):
