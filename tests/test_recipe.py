@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, torchrun
+from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
 
 EOT = 50256
 SHUFFLED_FLAGS = [f for f in TINY_FLAGS if f != "--no_shuffle"]
@@ -158,11 +158,13 @@ def test_shuffling_cannot_change_on_resume(tmp_path):
         shuffled_run(data, str(tmp_path / "log"), "--max_steps", "3", "--eval_every", "0", "--resume", "--no_shuffle")
 
 
-def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):
+def test_resume_on_two_processes_continues_at_the_same_token(tmp_path, capsys):
     data = str(tmp_path / "data")
     document_shards(data, [600, 800])  # whole strides of 1 x 129 and of 2 x 128 + 1: an epoch of 5 steps either way
     run = [*SHUFFLED_FLAGS, "--data_dir", data, "--max_steps", "7", "--eval_every", "0", "--save_every", "3"]
+    capsys.readouterr()
     train_gpt2.main([*run, "--log_dir", str(tmp_path / "one")])
+    one_out = capsys.readouterr().out
     shutil.copytree(tmp_path / "one", tmp_path / "cut")
     for step in (5, 6):  # as if the 1-process run died after step 2's checkpoint
         os.remove(str(tmp_path / "cut" / f"model_{step:05d}.pt"))
@@ -174,6 +176,7 @@ def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):
     assert a.keys() == b.keys() == set(range(7))
     for s in range(3, 7):  # the same data: equal up to the 2 ranks' sum order (the DDP test's bound)
         assert abs(a[s] - b[s]) < 1e-4, (s, a[s], b[s])
+    assert_same_norms(one_out, both.stdout, range(3, 7))  # and the same gradients: averaged over the ranks, not summed
 
 
 # -----------------------------------------------------------------------------

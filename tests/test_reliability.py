@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun, train, truncate_half
+from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
+                      max_weight_diff, read_log, run_script, torchrun, train, truncate_half)
 
 
 def log_text(log_dir):
@@ -37,10 +38,11 @@ def test_resume_reproduces_the_uninterrupted_run(shards, tmp_path):
     assert max_weight_diff(straight, load_weights(os.path.join(log_dir, "model_00007.pt"))) < 1e-6
 
 
-def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path):
+def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path, capsys):
     common = [*TINY_FLAGS, "--data_dir", shards, *RUN]
     ddp = str(tmp_path / "ddp")
-    assert torchrun(2, *common, "--log_dir", ddp).returncode == 0
+    straight_run = torchrun(2, *common, "--log_dir", ddp)
+    assert straight_run.returncode == 0, straight_run.stderr[-3000:]
     straight_log, straight = log_text(ddp), load_weights(os.path.join(ddp, "model_00007.pt"))
     one = str(tmp_path / "one")
     os.makedirs(one)
@@ -53,10 +55,12 @@ def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path):
     assert max_weight_diff(straight, load_weights(os.path.join(ddp, "model_00007.pt"))) < 1e-6
     # the 2-process checkpoint continued by one process (4 accumulation steps instead of 2 x 2):
     # the same data and the same math, so the same run up to float rounding
+    capsys.readouterr()
     train_gpt2.main([*common, "--log_dir", one, "--resume", "--val_steps", "4"])
     a, b = read_log(ddp)["train"], read_log(one)["train"]
     assert a.keys() == b.keys()
     assert all(abs(a[s] - b[s]) < 1e-4 for s in a)
+    assert_same_norms(straight_run.stdout, capsys.readouterr().out, range(4, 8))  # not a gradient summed over ranks
     assert max_weight_diff(straight, load_weights(os.path.join(one, "model_00007.pt"))) < 1e-5
 
 

@@ -27,16 +27,11 @@ import torch
 import generate_tokens
 import hellaswag
 import train_gpt2
-from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun,
-                      write_hellaswag)
+from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
+                      max_weight_diff, read_log, run_script, step_norms, torchrun, write_hellaswag)
 
 RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
-STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
 STATE_RE = re.compile(r"optimizer state per rank: (.*)")
-
-
-def norms(stdout):
-    return {int(m.group(1)): float(m.group(3)) for m in STEP_RE.finditer(stdout)}
 
 
 def state_bytes_per_rank(stdout):
@@ -95,8 +90,7 @@ def assert_same_run(r, log_dir, stdout=None, reference="one"):
     for s in a["val"]:
         assert abs(a["val"][s] - b["val"][s]) <= 2e-4, ("val", s, a["val"][s], b["val"][s])
     if stdout is not None:
-        ref_norms, got = norms(r["out"][reference]), norms(stdout)
-        assert got and all(abs(ref_norms[s] - got[s]) <= 2e-4 for s in got), ("norm", ref_norms, got)
+        assert_same_norms(r["out"][reference], stdout, step_norms(stdout))
     diff = max_weight_diff(weights(ref_dir), weights(log_dir))
     assert diff <= 4 * r["noise"], ("weights", diff, r["noise"])
 
@@ -124,7 +118,8 @@ def test_the_tolerance_catches_a_doubled_gradient(runs, monkeypatch):
     out = one_process(runs["data"], log_dir)
     with pytest.raises(AssertionError):
         assert_same_run(runs, log_dir, out)
-    assert abs(norms(out)[0] - 2 * norms(runs["out"]["one"])[0]) < 1e-3  # step 0: the same weights, twice the gradient
+    # step 0: the same weights, twice the gradient
+    assert abs(step_norms(out)[0] - 2 * step_norms(runs["out"]["one"])[0]) < 1e-3
 
 
 def test_optimizer_state_per_rank(runs):
