@@ -122,6 +122,7 @@ def test_loader_state_resumes_with_another_world_size_and_micro_batch(tmp_path):
 
 def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     document_shards(str(tmp_path), [16 * 6 + 1])
+    val_run_is_the_same_shuffled_or_not(str(tmp_path / "runs"))
     args = train_gpt2.parse_args(["--data_dir", str(tmp_path), "--batch_size", "2", "--seq_len", "8"])
     assert not args.no_shuffle  # shuffling is the default
     assert isinstance(train_gpt2.training_loader(args, 0, 1, None), train_gpt2.ShuffledDataLoader)
@@ -129,6 +130,23 @@ def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     plain = train_gpt2.training_loader(args, 0, 1, None)
     assert type(plain) is train_gpt2.DataLoaderLite
     assert np.array_equal(plain.next_batch()[0].flatten().numpy(), train_gpt2.read_shard(str(tmp_path / "doc_train_000001.bin"))[:16])
+
+
+def val_run_is_the_same_shuffled_or_not(tmp):
+    """Step 0's validation loss (the same seed: the same initial weights) is the same number with
+    the training documents shuffled (the default) and with --no_shuffle: both read the val shard in
+    file order. Its documents are short, so a shuffled val loader would read other tokens."""
+    data = os.path.join(tmp, "data")
+    document_shards(data, [700])
+    rng = np.random.default_rng(1)
+    val = rng.integers(0, EOT, 2048)
+    val[::40] = EOT  # 52 documents of 40 tokens; a step-0 evaluation reads the first 257 tokens
+    train_gpt2.write_shard(os.path.join(data, f"doc_val_{0:06d}.bin"), val)
+    losses = []
+    for name, extra in (("shuffled", []), ("file_order", ["--no_shuffle"])):
+        shuffled_run(data, os.path.join(tmp, name), "--max_steps", "1", "--eval_every", "1", "--save_every", "0", *extra)
+        losses.append(read_log(os.path.join(tmp, name))["val"][0])
+    assert losses[0] == losses[1], losses
 
 
 def shuffled_run(data, log_dir, *extra):
