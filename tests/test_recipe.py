@@ -144,7 +144,8 @@ def val_run_is_the_same_shuffled_or_not(tmp):
     train_gpt2.write_shard(os.path.join(data, f"doc_val_{0:06d}.bin"), val)
     losses = []
     for name, extra in (("shuffled", []), ("file_order", ["--no_shuffle"])):
-        shuffled_run(data, os.path.join(tmp, name), "--max_steps", "1", "--eval_every", "1", "--save_every", "0", *extra)
+        shuffled_run(data, os.path.join(tmp, name), "--max_steps", "1", "--eval_every", "1", "--save_every", "0",
+                     *extra)
         losses.append(read_log(os.path.join(tmp, name))["val"][0])
     assert losses[0] == losses[1], losses
 
