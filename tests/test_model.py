@@ -105,10 +105,20 @@ def test_optimizer_decays_only_2d_tensors():
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
 
 
-def test_flops_per_token_formula():
-    # 6N + 12·L·H·Q·T with N excluding position embeddings: PERF.md's ~855 MFLOP/token for d12 at T=1024
-    model = GPT(GPTConfig())
-    assert abs(model.flops_per_token() / 1e6 - 855) < 1
+@pytest.mark.parametrize("shape", [dict(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768),
+                                   dict(block_size=64, vocab_size=500, n_layer=3, n_head=4, n_embd=64)])
+def test_flops_per_token_formula(shape):
+    """nanoGPT's estimate_mfu: 6N + 12·L·H·Q·T, N the parameters without the position embedding
+    (get_num_params(non_embedding=True); the token embedding is the tied head, so it counts), Q the
+    head size, T the context. N from transformers' GPT-2 of the same shape; built on the meta device."""
+    config = GPT2Config(vocab_size=shape["vocab_size"], n_positions=shape["block_size"], n_embd=shape["n_embd"],
+                        n_layer=shape["n_layer"], n_head=shape["n_head"])
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(config)
+        ours = GPT(GPTConfig(**shape))
+    n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
+    L, H, T = shape["n_layer"], shape["n_head"], shape["block_size"]
+    assert ours.flops_per_token() == 6 * n + 12 * L * H * (shape["n_embd"] // H) * T
 
 
 def test_unknown_model_name_is_a_user_error():
