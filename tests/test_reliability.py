@@ -134,18 +134,18 @@ STOP_AT = 1 << 20  # bytes of version k that reach the disk before the writer st
 
 
 class StopsMidWrite:
-    \"\"\"The file atomic_write opens for version k: after its first STOP_AT bytes it says so and waits
-    (on stdin, which never comes) for the test's SIGKILL.\"\"\"
+    \"\"\"The file atomic_write opens for version k: after its first STOP_AT bytes it says so, with the
+    file's name, and waits (on stdin, which never comes) for the test's SIGKILL.\"\"\"
 
-    def __init__(self, f):
-        self.f, self.written = f, 0
+    def __init__(self, f, name):
+        self.f, self.name, self.written = f, name, 0
 
     def write(self, data):
         data = bytes(data)
         if self.written + len(data) >= STOP_AT:
             self.f.write(data[: STOP_AT - self.written])
             self.f.flush()
-            print("mid-write", flush=True)
+            print("mid-write", self.name, flush=True)
             sys.stdin.readline()
             raise SystemExit("not killed")
         self.written += len(data)
@@ -162,7 +162,7 @@ class StopsMidWrite:
 
 
 real_open, version = open, 0
-common.open = lambda *a, **kw: StopsMidWrite(real_open(*a, **kw)) if version == k else real_open(*a, **kw)
+common.open = lambda f, *a, **kw: StopsMidWrite(real_open(f, *a, **kw), f) if version == k else real_open(f, *a, **kw)
 for version in range(1, k + 1):  # versions 1 .. k-1 complete, then version k stops in the middle
     if kind == "checkpoint":  # the payload is built before the write begins
         payload = {{"model": {{"w": torch.full((4_000_000,), float(version))}}, "config": {{}}, "step": version}}
@@ -177,7 +177,7 @@ for version in range(1, k + 1):  # versions 1 .. k-1 complete, then version k st
 def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
     """SIGKILL in the middle of version k's write (k-1 versions complete, version k's first MiB on
     disk): the file under the final name is version k-1, whole; the partial bytes only ever sat
-    under the temporary name."""
+    in a temporary file beside it."""
     script = tmp_path / "writer.py"
     script.write_text(KILL_WRITER.format(root=ROOT))
     path = str(tmp_path / ("model_00001.pt" if kind == "checkpoint" else "t_train_000001.bin"))
@@ -186,11 +186,13 @@ def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         with proc:  # on the way out, even from a failed assertion: stdin closed, the writer ends
             for line in proc.stdout:  # ends at EOF if the writer dies first
-                if line == "mid-write\n":
+                if line.startswith("mid-write "):
                     break
             else:
                 raise AssertionError(f"the writer ended before it was stopped: {proc.stderr.read()[-2000:]}")
-            assert os.path.getsize(path + ".tmp") == 1 << 20  # the kill lands mid-write, under the temporary name
+            writing = line[len("mid-write "):].rstrip()  # the kill lands mid-write, in a temporary beside path:
+            assert writing != path and os.path.dirname(writing) == str(tmp_path)
+            assert os.path.getsize(writing) == 1 << 20
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         if kind == "checkpoint":
