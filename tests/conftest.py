@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,6 +54,25 @@ def read_log(log_dir):
             step, kind, value = line.split()[:3]
             out.setdefault(kind, {})[int(step)] = float(value)
     return out
+
+
+STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
+NORM_TOL = 2e-4  # two norms printed to 4 decimals: 2 x 5e-5 of rounding, and as much again for float noise
+
+
+def step_norms(stdout):
+    """{step: gradient norm before clipping} from the trainer's step lines on stdout (4 decimals)."""
+    return {int(m.group(1)): float(m.group(3)) for m in STEP_RE.finditer(stdout)}
+
+
+def assert_same_norms(ref_stdout, stdout, steps):
+    """The runs logged the same gradient norms at these steps, up to printing and float rounding.
+    Losses and weights cannot tell a gradient summed over ranks from an averaged one (clipping caps
+    it, AdamW divides its scale out); its norm is 2x, and these norms are far above NORM_TOL."""
+    ref, got = step_norms(ref_stdout), step_norms(stdout)
+    assert steps and set(steps) <= ref.keys() and set(steps) <= got.keys(), (sorted(steps), sorted(ref), sorted(got))
+    assert all(ref[s] > 100 * NORM_TOL for s in steps), ref
+    assert all(abs(ref[s] - got[s]) <= NORM_TOL for s in steps), ("norm", ref, got)
 
 
 def run_script(args, cwd=ROOT, env=None, timeout=300):

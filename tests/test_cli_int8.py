@@ -139,6 +139,13 @@ def test_cli_int8_samples_on_cpu_quietly(tmp_path, capsys, monkeypatch):
     tokens = enc.encode("The cat sat")
     want = generate_tokens.quantize_int8(copy.deepcopy(model)).generate(torch.tensor([tokens]), 8, temperature=0)
     assert out == "--- sample 1/1 ---\nThe cat sat" + enc.decode(want[0, len(tokens):].tolist()) + "\n"
+    # --int8 took effect: without it the CLI gives fp32's text, which differs on this random model
+    # (its logits are close enough that int8's rounding changes some greedy picks)
+    generate_tokens.main(flags + ["--device", "cpu"])
+    fp32_out = capsys.readouterr().out
+    want32 = model.generate(torch.tensor([tokens]), 8, temperature=0)
+    assert fp32_out == "--- sample 1/1 ---\nThe cat sat" + enc.decode(want32[0, len(tokens):].tolist()) + "\n"
+    assert fp32_out != out
     # on a GPU (pretended here), --int8 is one clear error
     monkeypatch.setattr(generate_tokens, "pick_device", lambda name: name)
     with pytest.raises(UserError, match="--int8 runs on the CPU only"):

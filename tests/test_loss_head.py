@@ -205,10 +205,13 @@ def test_without_grad_and_with_one_input_needing_grad():
     assert rel_err(gx, ref_gx) < 1e-12
 
 
-def test_default_chunk_size():
-    assert default_loss_chunk_size(50304) == 8192  # GPT-2's padded vocab: a 1.65 GB fp32 block
-    assert default_loss_chunk_size(50304) * 50304 * 4 <= 2**31
-    assert default_loss_chunk_size(10**9) == 1
+@pytest.mark.parametrize("vocab", [50304, 50257, 32000, 128256, 300, 2**20])
+def test_default_chunk_size(vocab):
+    """Its docstring's rule: the largest power of two whose (rows, V) fp32 block fits in 2 GiB."""
+    rows = default_loss_chunk_size(vocab)
+    assert rows >= 1 and rows & (rows - 1) == 0  # a power of two
+    assert rows * vocab * 4 <= 2**31 < 2 * rows * vocab * 4  # fits; the next power of two does not
+    assert default_loss_chunk_size(10**9) == 1  # not even one row fits: still one row per chunk
 
 
 def test_compiled_fullgraph_equals_reference():
@@ -303,16 +306,29 @@ def test_gpt_chunked_fp64_and_compiled():
         assert rel_err(p.grad, grads_p[name]) < 1e-12, name
 
 
-def test_gpt_logits_without_targets_and_eval_loss():
-    model = tiny_gpt(2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpt_logits_without_targets_and_eval_loss(dtype):
+    """Validation's loss under no_grad, chunked and plain. fp32: each within the rounding-error bound
+    of the float64 loss at the hidden states both share (bitwise: the same code up to ln_f). fp64:
+    equal to 1e-12 relative, as everywhere in this file."""
+    model = tiny_gpt(2).to(dtype)
     idx, targets = batch(2)
+    seen = []
+    hook = model.transformer.ln_f.register_forward_hook(lambda m, i, out: seen.append(out))
     with torch.no_grad():
         logits_p, loss_p = model(idx, targets)
         model.loss_impl = "chunked"
         logits, none = model(idx)  # HellaSwag and generation: logits as before
         no_logits, loss_c = model(idx, targets)  # validation under no_grad
+    hook.remove()
     assert none is None and torch.equal(logits, logits_p) and no_logits is None
-    assert abs(loss_c - loss_p) < 1e-5
+    assert torch.equal(seen[0], seen[2])
+    if dtype == torch.float64:
+        assert loss_c.dtype == torch.float64 and rel_err(loss_c, loss_p) < 1e-12
+    else:
+        x, w = seen[0].view(-1, 32), model.lm_head.weight.detach()
+        exact, bound = rounding_error_bounds(x, w, targets.view(-1))
+        assert abs(loss_p.double() - exact[0]) <= bound[0] and abs(loss_c.double() - exact[0]) <= bound[0]
     model.loss_impl = "fused"
     with pytest.raises(ValueError, match="loss_impl"):
         model(idx, targets)

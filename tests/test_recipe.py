@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, torchrun
+from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
 
 EOT = 50256
 SHUFFLED_FLAGS = [f for f in TINY_FLAGS if f != "--no_shuffle"]
@@ -122,6 +122,7 @@ def test_loader_state_resumes_with_another_world_size_and_micro_batch(tmp_path):
 
 def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     document_shards(str(tmp_path), [16 * 6 + 1])
+    val_run_is_the_same_shuffled_or_not(str(tmp_path / "runs"))
     args = train_gpt2.parse_args(["--data_dir", str(tmp_path), "--batch_size", "2", "--seq_len", "8"])
     assert not args.no_shuffle  # shuffling is the default
     assert isinstance(train_gpt2.training_loader(args, 0, 1, None), train_gpt2.ShuffledDataLoader)
@@ -129,6 +130,24 @@ def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     plain = train_gpt2.training_loader(args, 0, 1, None)
     assert type(plain) is train_gpt2.DataLoaderLite
     assert np.array_equal(plain.next_batch()[0].flatten().numpy(), train_gpt2.read_shard(str(tmp_path / "doc_train_000001.bin"))[:16])
+
+
+def val_run_is_the_same_shuffled_or_not(tmp):
+    """Step 0's validation loss (the same seed: the same initial weights) is the same number with
+    the training documents shuffled (the default) and with --no_shuffle: both read the val shard in
+    file order. Its documents are short, so a shuffled val loader would read other tokens."""
+    data = os.path.join(tmp, "data")
+    document_shards(data, [700])
+    rng = np.random.default_rng(1)
+    val = rng.integers(0, EOT, 2048)
+    val[::40] = EOT  # 52 documents of 40 tokens; a step-0 evaluation reads the first 257 tokens
+    train_gpt2.write_shard(os.path.join(data, f"doc_val_{0:06d}.bin"), val)
+    losses = []
+    for name, extra in (("shuffled", []), ("file_order", ["--no_shuffle"])):
+        shuffled_run(data, os.path.join(tmp, name), "--max_steps", "1", "--eval_every", "1", "--save_every", "0",
+                     *extra)
+        losses.append(read_log(os.path.join(tmp, name))["val"][0])
+    assert losses[0] == losses[1], losses
 
 
 def shuffled_run(data, log_dir, *extra):
@@ -158,11 +177,13 @@ def test_shuffling_cannot_change_on_resume(tmp_path):
         shuffled_run(data, str(tmp_path / "log"), "--max_steps", "3", "--eval_every", "0", "--resume", "--no_shuffle")
 
 
-def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):
+def test_resume_on_two_processes_continues_at_the_same_token(tmp_path, capsys):
     data = str(tmp_path / "data")
     document_shards(data, [600, 800])  # whole strides of 1 x 129 and of 2 x 128 + 1: an epoch of 5 steps either way
     run = [*SHUFFLED_FLAGS, "--data_dir", data, "--max_steps", "7", "--eval_every", "0", "--save_every", "3"]
+    capsys.readouterr()
     train_gpt2.main([*run, "--log_dir", str(tmp_path / "one")])
+    one_out = capsys.readouterr().out
     shutil.copytree(tmp_path / "one", tmp_path / "cut")
     for step in (5, 6):  # as if the 1-process run died after step 2's checkpoint
         os.remove(str(tmp_path / "cut" / f"model_{step:05d}.pt"))
@@ -174,6 +195,7 @@ def test_resume_on_two_processes_continues_at_the_same_token(tmp_path):
     assert a.keys() == b.keys() == set(range(7))
     for s in range(3, 7):  # the same data: equal up to the 2 ranks' sum order (the DDP test's bound)
         assert abs(a[s] - b[s]) < 1e-4, (s, a[s], b[s])
+    assert_same_norms(one_out, both.stdout, range(3, 7))  # and the same gradients: averaged over the ranks, not summed
 
 
 # -----------------------------------------------------------------------------

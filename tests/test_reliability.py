@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, assert_one_line_error, load_weights, make_shards, max_weight_diff, read_log, run_script, torchrun, train, truncate_half
+from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
+                      max_weight_diff, read_log, run_script, torchrun, train, truncate_half)
 
 
 def log_text(log_dir):
@@ -34,13 +35,15 @@ def test_resume_reproduces_the_uninterrupted_run(shards, tmp_path):
         f.write("5 train 99.0\n")  # a line written after that checkpoint, by the run that died
     train(shards, log_dir, *RUN, "--resume")
     assert log_text(log_dir) == straight_log  # the same lines: losses to the 6th decimal, one run
-    assert max_weight_diff(straight, load_weights(os.path.join(log_dir, "model_00007.pt"))) < 1e-6
+    # on CPU in fp32 a resume is exact: the same float operations on the same state, bit for bit
+    assert max_weight_diff(straight, load_weights(os.path.join(log_dir, "model_00007.pt"))) == 0
 
 
-def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path):
+def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path, capsys):
     common = [*TINY_FLAGS, "--data_dir", shards, *RUN]
     ddp = str(tmp_path / "ddp")
-    assert torchrun(2, *common, "--log_dir", ddp).returncode == 0
+    straight_run = torchrun(2, *common, "--log_dir", ddp)
+    assert straight_run.returncode == 0, straight_run.stderr[-3000:]
     straight_log, straight = log_text(ddp), load_weights(os.path.join(ddp, "model_00007.pt"))
     one = str(tmp_path / "one")
     os.makedirs(one)
@@ -50,13 +53,15 @@ def test_ddp_resume_and_resume_on_another_world_size(shards, tmp_path):
     result = torchrun(2, *common, "--log_dir", ddp, "--resume")
     assert result.returncode == 0, result.stderr[-2000:]
     assert log_text(ddp) == straight_log
-    assert max_weight_diff(straight, load_weights(os.path.join(ddp, "model_00007.pt"))) < 1e-6
+    assert max_weight_diff(straight, load_weights(os.path.join(ddp, "model_00007.pt"))) == 0  # bit for bit
     # the 2-process checkpoint continued by one process (4 accumulation steps instead of 2 x 2):
     # the same data and the same math, so the same run up to float rounding
+    capsys.readouterr()
     train_gpt2.main([*common, "--log_dir", one, "--resume", "--val_steps", "4"])
     a, b = read_log(ddp)["train"], read_log(one)["train"]
     assert a.keys() == b.keys()
     assert all(abs(a[s] - b[s]) < 1e-4 for s in a)
+    assert_same_norms(straight_run.stdout, capsys.readouterr().out, range(4, 8))  # not a gradient summed over ranks
     assert max_weight_diff(straight, load_weights(os.path.join(one, "model_00007.pt"))) < 1e-5
 
 
@@ -123,40 +128,79 @@ def test_signal_checkpoints_and_exits_cleanly(shards, tmp_path, sig):
 KILL_WRITER = """
 import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
-import train_gpt2
-path, kind = sys.argv[1], sys.argv[2]
-i = 0
-while True:
-    i += 1
-    print("writing", i, flush=True)  # the test kills after reading this: the write of version i has begun
-    if kind == "checkpoint":
-        train_gpt2.save_checkpoint(path, {{"model": {{"w": torch.full((4_000_000,), float(i))}}, "config": {{}}, "step": i}})
+import common, train_gpt2
+path, kind, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+STOP_AT = 1 << 20  # bytes of version k that reach the disk before the writer stops inside its write
+
+
+class StopsMidWrite:
+    \"\"\"The file atomic_write opens for version k: after its first STOP_AT bytes it says so, with the
+    file's name, and waits (on stdin, which never comes) for the test's SIGKILL.\"\"\"
+
+    def __init__(self, f, name):
+        self.f, self.name, self.written = f, name, 0
+
+    def write(self, data):
+        data = bytes(data)
+        if self.written + len(data) >= STOP_AT:
+            self.f.write(data[: STOP_AT - self.written])
+            self.f.flush()
+            print("mid-write", self.name, flush=True)
+            sys.stdin.readline()
+            raise SystemExit("not killed")
+        self.written += len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+
+real_open, version = open, 0
+common.open = lambda f, *a, **kw: StopsMidWrite(real_open(f, *a, **kw), f) if version == k else real_open(f, *a, **kw)
+for version in range(1, k + 1):  # versions 1 .. k-1 complete, then version k stops in the middle
+    if kind == "checkpoint":  # the payload is built before the write begins
+        payload = {{"model": {{"w": torch.full((4_000_000,), float(version))}}, "config": {{}}, "step": version}}
+        train_gpt2.save_checkpoint(path, payload)
     else:
-        train_gpt2.write_shard(path, np.full(4_000_000, i % 60000))
+        payload = np.full(4_000_000, version % 60000)
+        train_gpt2.write_shard(path, payload)
 """
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "shard"])
 def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
-    """SIGKILL while version k is being written (k-1 versions complete): the file under the final
-    name is one whole earlier version, never a mix or a truncation."""
+    """SIGKILL in the middle of version k's write (k-1 versions complete, version k's first MiB on
+    disk): the file under the final name is version k-1, whole; the partial bytes only ever sat
+    in a temporary file beside it."""
     script = tmp_path / "writer.py"
     script.write_text(KILL_WRITER.format(root=ROOT))
     path = str(tmp_path / ("model_00001.pt" if kind == "checkpoint" else "t_train_000001.bin"))
-    for k in (2, 3, 5):
-        proc = subprocess.Popen([sys.executable, str(script), path, kind], stdout=subprocess.PIPE, text=True)
-        while proc.stdout.readline().split() != ["writing", str(k)]:
-            pass
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+    for k in (2, 3):
+        proc = subprocess.Popen([sys.executable, str(script), path, kind, str(k)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with proc:  # on the way out, even from a failed assertion: stdin closed, the writer ends
+            for line in proc.stdout:  # ends at EOF if the writer dies first
+                if line.startswith("mid-write "):
+                    break
+            else:
+                raise AssertionError(f"the writer ended before it was stopped: {proc.stderr.read()[-2000:]}")
+            writing = line[len("mid-write "):].rstrip()  # the kill lands mid-write, in a temporary beside path:
+            assert writing != path and os.path.dirname(writing) == str(tmp_path)
+            assert os.path.getsize(writing) == 1 << 20
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         if kind == "checkpoint":
             ckpt = train_gpt2.load_checkpoint(path)
-            w = ckpt["model"]["w"]
-            assert 1 <= ckpt["step"] < k and torch.all(w == float(ckpt["step"]))  # one whole version, not a mix
+            assert ckpt["step"] == k - 1 and torch.equal(ckpt["model"]["w"], torch.full((4_000_000,), float(k - 1)))
         else:
             tokens = train_gpt2.read_shard(path)
-            assert len(tokens) == 4_000_000 and np.all(tokens == tokens[0]) and 1 <= tokens[0] < k
+            assert len(tokens) == 4_000_000 and np.all(tokens == k - 1)
 
 
 def test_keep_checkpoints(shards, tmp_path):

@@ -7,7 +7,8 @@ import os
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_one_line_error, load_weights, max_weight_diff, read_log, run_script, torchrun, train
+from conftest import (TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, max_weight_diff, read_log,
+                      run_script, torchrun, train)
 
 
 def test_tiny_run_learns_logs_and_checkpoints(shards, tmp_path):
@@ -63,12 +64,14 @@ def test_gradient_accumulation_equals_one_big_batch(shards, tmp_path):
     assert abs(big - acc) <= 8 * eps32 * big + 1e-6  # + the log's rounding to 6 decimals
 
 
-def test_two_process_ddp_matches_one_process(shards, tmp_path):
+def test_two_process_ddp_matches_one_process(shards, tmp_path, capsys):
     common = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "4", "--eval_every", "2", "--save_every", "2", "--total_batch_size", "512"]
     ddp = torchrun(2, *common, "--log_dir", str(tmp_path / "ddp"))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     # --val_steps counts batches per rank (as in build-nanogpt): one process needs twice as many
+    capsys.readouterr()
     train_gpt2.main([*common, "--log_dir", str(tmp_path / "one"), "--val_steps", "4"])
+    assert_same_norms(capsys.readouterr().out, ddp.stdout, range(4))  # a gradient summed over the ranks is 2x
     a, b = read_log(str(tmp_path / "ddp")), read_log(str(tmp_path / "one"))
     for kind in ("train", "val"):
         assert a[kind].keys() == b[kind].keys()
