@@ -252,7 +252,7 @@ def test_a_bad_batch_size_start_is_one_line(shards, tmp_path, start, needle):
             "--batch_size_warmup_tokens", "1000", "--batch_size_start", start]
     with pytest.raises(train_gpt2.UserError, match=f"--batch_size_start {start}: .*{needle}"):
         train_gpt2.main(argv)
-    assert not os.listdir(tmp_path / "log")  # refused before any work
+    assert not (tmp_path / "log").exists()  # refused before any work
 
 
 @pytest.mark.parametrize("value", ["-1", str(2**63), "1.5", "x"])
@@ -462,7 +462,7 @@ def test_explicit_compile_that_cannot_work_is_one_line(shards, tmp_path, monkeyp
     with pytest.raises(train_gpt2.UserError, match=r"^--compile: torch.compile does not work on cpu here \(RuntimeError: Cannot find "
                                                    r"a working triton installation .*\); run with --no_compile$"):
         train_gpt2.main([*EAGER_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--compile"])
-    assert not os.listdir(tmp_path / "log")
+    assert not (tmp_path / "log").exists()
     # an explicit --no_compile never probes
     monkeypatch.setattr(train_gpt2, "compile_problem", lambda device: pytest.fail("probed"))
     assert train_gpt2.choose_compile(False, "cuda", print) is False
