@@ -1442,6 +1442,13 @@ def optimizer_state_line(optimizer, world_size, device):
 # Training
 
 
+# The DDP/FSDP model, its raw module and the optimizer of a torchrun worker, kept until the process ends (common.run_cli
+# ends it with os._exit): freeing them frees the process group, which waits for gloo's worker thread while holding the
+# GIL, and that thread may need the GIL to release the last collective's tensors: a deadlock after a finished run
+# (pytorch/pytorch#190489's teardown race, met ~1 run in 3 on a busy 2-core machine).
+DISTRIBUTED_ALIVE = []
+
+
 def setup_distributed(device_arg):
     """(ddp, rank, local_rank, world_size, device). Under torchrun (RANK set) joins the process
     group: NCCL on GPUs, gloo on CPU."""
@@ -1473,11 +1480,11 @@ def all_reduce_mean(value, ddp, world_size):
 
 
 def console(*parts, **kwargs):
-    """print() for the run's progress that survives a closed stdout (`| tee` ended by Ctrl-C): the
-    run goes on, and checkpoints what it did, instead of dying of a broken pipe."""
+    """print() for the run's progress that survives a stdout it cannot write (`| tee` ended by Ctrl-C, a
+    full disk): the run goes on, and checkpoints what it did (run_cli names a full stdout at the end)."""
     try:
         print(*parts, **kwargs, flush=True)
-    except (BrokenPipeError, ValueError):
+    except (OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
@@ -1770,6 +1777,8 @@ def train(args, ckpt=None, ckpt_path=None):
                                               raw_model if fsdp else None)
 
         model, eval_model = wrap_model(raw_model, use_compile, ddp, device_type, local_rank, fsdp)
+        if ddp:  # see DISTRIBUTED_ALIVE
+            DISTRIBUTED_ALIVE.extend((model, raw_model, optimizer))
         score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp)
         tokenizer = get_tokenizer() if args.sample_every else None
         run_log.open(args, ckpt, ckpt_path, start_step)  # everything is checked: now the log folder changes
@@ -1855,8 +1864,6 @@ def train(args, ckpt=None, ckpt_path=None):
                         tokens_seen, train_loader.total_tokens))
     finally:
         run_log.close()
-        if ddp and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def check_batch_warmup(args, world_size):

@@ -71,6 +71,10 @@ CASES = [(script, buffered) for script in SCRIPTS for buffered in (True, False)
 @pytest.mark.parametrize("script, buffered", CASES, ids=[f"{s}-{'buffered' if b else 'unbuffered'}" for s, b in CASES])
 def test_a_full_stdout_is_one_line(inputs, tmp_path, script, buffered):
     assert_stdout_error(*run(SCRIPTS[script](inputs, tmp_path), "/dev/full", buffered))
+    if script == "train":  # the run itself went on to its end: all steps logged, the last one checkpointed
+        assert os.path.isfile(tmp_path / "log" / "model_00001.pt")
+        assert [ln.split()[:2] for ln in (tmp_path / "log" / "log.txt").read_text().splitlines() if " train " in ln] \
+            == [["0", "train"], ["1", "train"]]
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
