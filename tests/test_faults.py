@@ -96,18 +96,20 @@ def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
     (log_dir / "log.txt").write_text("0 train 5.0\n")
     (tmp_path / "bad.jsonl").write_text('{"bad json\n')
     (tmp_path / "a_file").write_text("x")
-    run = ["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "1"]
     for flags, needle in ((["--hellaswag_every", "1", "--hellaswag_data", str(tmp_path / "bad.jsonl")], "bad.jsonl:1"),
                           (["--tensorboard", str(tmp_path / "a_file")], "--tensorboard")):
-        assert_one_line_error(run_script(run + flags), needle)
+        with pytest.raises(train_gpt2.UserError, match=re.escape(needle)):
+            train(shards, str(log_dir), "--max_steps", "1", *flags)
         assert (log_dir / "log.txt").read_text() == "0 train 5.0\n"
     (log_dir / "log.txt").unlink()
     (log_dir / "log.txt").mkdir()
-    assert_one_line_error(run_script(run), "log.txt")
+    with pytest.raises(train_gpt2.UserError, match="log.txt"):
+        train(shards, str(log_dir), "--max_steps", "1")
     (log_dir / "log.txt").rmdir()
-    (log_dir / "model_00003.pt.tmp").write_bytes(b"half a checkpoint")
+    (log_dir / "model_00003.pt.1f2e3d4c.tmp").write_bytes(b"half a checkpoint")
+    (log_dir / "model_00002.pt.tmp").write_bytes(b"half of one from an older version")
     (log_dir / "notes.tmp").write_text("not ours")
-    assert run_script(run).returncode == 0
+    train(shards, str(log_dir), "--max_steps", "1")
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "notes.tmp"]
 
 

@@ -63,9 +63,9 @@ SCRIPTS = {
 }
 
 
-# each script with stdout buffered and not; the two that load transformers (seconds) once each
-CASES = [(script, buffered) for script in SCRIPTS for buffered in (True, False)
-         if (script, buffered) not in (("hellaswag", False), ("generate", True))]
+# plot_log (fast) with stdout buffered and not; each other script once, one way or the other
+CASES = [("plot_log", True), ("plot_log", False), ("--help", True), ("--help", False), ("fineweb", True),
+         ("train", False), ("hellaswag", True), ("generate", False)]
 
 
 @pytest.mark.parametrize("script, buffered", CASES, ids=[f"{s}-{'buffered' if b else 'unbuffered'}" for s, b in CASES])
