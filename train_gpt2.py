@@ -32,7 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file, temporary_of
+from common import (CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file, silence_stdout,
+                    temporary_of)
 
 
 # -----------------------------------------------------------------------------
@@ -1485,7 +1486,7 @@ def console(*parts, **kwargs):
     try:
         print(*parts, **kwargs, flush=True)
     except (OSError, ValueError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
 
 
 def run_config(args, ckpt):
