@@ -709,6 +709,8 @@ class DataLoaderLite:
     def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None):
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
         found = list_shards(data_dir, split)
+        if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+            raise UserError(f"--data_dir {data_dir!r} is a file; name the folder that holds the token shards")
         if not found:
             raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_dir!r}; run `python fineweb.py` "
                             f"(or fineweb.py --input FILE... --output_dir {data_dir}) to make them")
@@ -2155,7 +2157,8 @@ def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, 
     ms = 1000 * statistics.median(seconds)
     # a fixed batch: from the median step; a batch still ramping up (--batch_size_warmup_tokens): over the timed steps
     tok_s = tokens[0] / (ms / 1000) if len(set(tokens)) == 1 else sum(tokens) / sum(seconds)
-    parts = [f"summary: {len(step_times)} steps", f"median {ms:.1f} ms/step over the last {len(timed)}",
+    parts = [f"summary: {len(step_times)} step{'s' * (len(step_times) != 1)}",
+             f"median {ms:.1f} ms/step over the last {len(timed)}",
              f"{tok_s:,.0f} tok/s"]
     if peak:
         parts.append(f"mfu {100 * flops_per_token * tok_s / peak:.1f}%")

@@ -84,7 +84,7 @@ def test_output_paths_the_system_refuses(shards, tmp_path):
         result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "1"])
         assert_one_line_error(result, "--log_dir")
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", str(a_file), "--log_dir", str(tmp_path / "log"), "--max_steps", "1"])
-    assert_one_line_error(result, "fineweb.py")
+    assert_one_line_error(result, "--data_dir", "is a file")
     assert a_file.read_text() == "mine"
 
 
