@@ -15,9 +15,9 @@ the same text. A piped prompt must be UTF-8 (read as bytes and decoded strictly)
 
 --int8 samples from a dynamically quantised copy of the model (torch.ao's quantize_dynamic: every
 nn.Linear, the tied lm_head included, holds int8 weights with one scale per tensor; activations are
-quantised on the fly), on the CPU only. --compile compiles the model's forward in place (two graphs:
-the prompt and the one-token step); it is off by default because compiling takes longer than
-sampling a few hundred tokens.
+quantised on the fly), on the CPU only. --compile compiles generate's key/value-cache step (two graphs:
+the prompt and the one-token step) and the forward that a window past the context runs; it is off by
+default because compiling takes longer than sampling a few hundred tokens.
 """
 
 import inspect
@@ -132,6 +132,13 @@ def quantize_int8(model):
     return model
 
 
+def compile_for_sampling(model, backend="inductor"):
+    """torch.compile, in place, what GPT.generate runs: its key/value-cache step, and the forward that a
+    sliding window past the context calls."""
+    model.decode_step = torch.compile(model.decode_step, dynamic=True, backend=backend)
+    model.compile(dynamic=True, backend=backend)
+
+
 def read_prompt(prompt):
     """--prompt, else the text piped on stdin (less echo's trailing newline), else the default. Text
     that is not valid UTF-8 is refused, never sampled from with replacement characters."""
@@ -204,7 +211,7 @@ def main(argv=None):
     if args.int8:
         model = quantize_int8(model)
     if args.compile:
-        model.compile(dynamic=True)  # in place: generate's self(...) calls the compiled forward
+        compile_for_sampling(model)
 
     # An empty prompt starts a fresh document, the way GPT-2 samples unconditionally.
     tokens = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"}) or [EOT_TOKEN]

@@ -347,6 +347,19 @@ class GPT(nn.Module):
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
+    def decode_step(self, tokens, cache, head_t=None):
+        """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
+        position's GPT2_VOCAB_SIZE real tokens (B, V). head_t: lm_head's weight transposed, or None.
+        A method of its own so that it can be compiled (generate_tokens.py --compile)."""
+        n = tokens.size(1)
+        pos = torch.arange(cache.pos, cache.pos + n, dtype=torch.long, device=tokens.device)
+        x = self.transformer.wte(tokens) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x, cache)
+        cache.pos += n
+        x = self.transformer.ln_f(x[:, -1])  # the prompt's other positions need no logits
+        return x @ head_t if head_t is not None else self.lm_head(x)[:, :GPT2_VOCAB_SIZE]
+
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None,
                  use_cache=True, stop_token=None):
@@ -374,17 +387,6 @@ class GPT(nn.Module):
                 and type(self.lm_head) is nn.Linear and not torch.is_autocast_enabled("cpu")):
             head_t = self.lm_head.weight[:GPT2_VOCAB_SIZE].t().contiguous()
 
-        def last_logits(tokens):
-            """Run tokens on top of the cache (extending it); logits of the last position only."""
-            n = tokens.size(1)
-            pos = torch.arange(cache.pos, cache.pos + n, dtype=torch.long, device=tokens.device)
-            x = self.transformer.wte(tokens) + self.transformer.wpe(pos)
-            for block in self.transformer.h:
-                x = block(x, cache)
-            cache.pos += n
-            x = self.transformer.ln_f(x[:, -1])  # the prompt's other positions need no logits
-            return x @ head_t if head_t is not None else self.lm_head(x)[:, :GPT2_VOCAB_SIZE]
-
         # logits of the GPT2_VOCAB_SIZE real tokens only: the padding rows are never sampled
         finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
         next_input = idx
@@ -392,7 +394,7 @@ class GPT(nn.Module):
             if cache is not None and cache.pos + next_input.size(1) > cache.max_len:
                 cache = None  # context full: continue on a window, recomputing
             if cache is not None:
-                logits = last_logits(next_input)
+                logits = self.decode_step(next_input, cache, head_t)
             else:
                 logits = self(idx[:, -cfg.block_size :])[0][:, -1, :GPT2_VOCAB_SIZE]
             next_token = sample_next_token(logits.float(), temperature, top_k, top_p, generator)

@@ -110,6 +110,27 @@ def test_greedy_past_block_size_uses_sliding_window():
         assert torch.equal(model.generate(idx, 5, temperature=0), reference_greedy(model, idx, 5)[0])
 
 
+def test_compile_for_sampling_compiles_what_generate_runs():
+    """--compile must reach the key/value-cache step that generate runs, not only forward (which the cached
+    path does not call): Dynamo traces frames during a generate that stays inside the context, and again
+    once the window slides; the tokens are the eager model's. (backend "eager": Dynamo's tracing without
+    Inductor's C++ build, which takes a minute on a CPU.)"""
+    from torch._dynamo.utils import counters
+
+    idx = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    want = tiny_model(seed=2).generate(idx, 30, temperature=0)
+    model = tiny_model(seed=2)
+    generate_tokens.compile_for_sampling(model, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    assert torch.equal(model.generate(idx, 9, temperature=0), want[:, :15])  # 15 < block_size 16: cached only
+    cached_frames = counters["frames"]["ok"]
+    assert cached_frames >= 1
+    assert torch.equal(model.generate(idx, 30, temperature=0), want)  # past the context: the window's forward
+    assert counters["frames"]["ok"] > cached_frames
+    torch._dynamo.reset()
+
+
 @torch.no_grad()
 def test_cached_chunks_match_full_forward():
     """In float64: the same weights, attention over other shapes (sums in another order). Dot products
