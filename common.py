@@ -191,9 +191,9 @@ def temporary_name(path):
 
 
 def temporary_of(name):
-    """The name a temporary_name() file was written for (also a plain <name>.tmp); None for other names.
+    """The name a temporary_name() file was written for; None for other names (a user's <name>.tmp too).
     What a killed process leaves behind, for the next run to clear."""
-    m = re.fullmatch(r"(.+?)(?:\.[0-9a-f]{8})?\.tmp", name)
+    m = re.fullmatch(r"(.+)\.[0-9a-f]{8}\.tmp", name)
     return m and m.group(1)
 
 

@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -2042,6 +2042,7 @@ class RunLog:
         """The log folder and the trackers first, then the log itself: a refusal leaves log.txt as it was."""
         if self.path is None:
             return
+        made = not os.path.isdir(args.log_dir)
         try:
             os.makedirs(args.log_dir, exist_ok=True)
             for name in os.listdir(args.log_dir):  # left by a process killed while writing
@@ -2050,7 +2051,13 @@ class RunLog:
         except OSError as e:
             raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "
                             "pick another folder") from None
-        self.open_trackers(args, start_step if ckpt is not None else None)
+        try:
+            self.open_trackers(args, start_step if ckpt is not None else None)
+        except UserError:
+            if made:  # refused: no empty --log_dir left behind (rmdir leaves one that is not empty)
+                with suppress(OSError):
+                    os.rmdir(args.log_dir)
+            raise
         if ckpt is not None:
             console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
         try:

@@ -101,16 +101,19 @@ def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
         with pytest.raises(train_gpt2.UserError, match=re.escape(needle)):
             train(shards, str(log_dir), "--max_steps", "1", *flags)
         assert (log_dir / "log.txt").read_text() == "0 train 5.0\n"
+        with pytest.raises(train_gpt2.UserError, match=re.escape(needle)):  # a --log_dir the run would make
+            train(shards, str(tmp_path / "new_log"), "--max_steps", "1", *flags)
+        assert not (tmp_path / "new_log").exists()
     (log_dir / "log.txt").unlink()
     (log_dir / "log.txt").mkdir()
     with pytest.raises(train_gpt2.UserError, match="log.txt"):
         train(shards, str(log_dir), "--max_steps", "1")
     (log_dir / "log.txt").rmdir()
     (log_dir / "model_00003.pt.1f2e3d4c.tmp").write_bytes(b"half a checkpoint")
-    (log_dir / "model_00002.pt.tmp").write_bytes(b"half of one from an older version")
-    (log_dir / "notes.tmp").write_text("not ours")
+    for name in ("model_00002.pt.tmp", "log.txt.tmp", "notes.tmp"):  # named by the user, not by temporary_name
+        (log_dir / name).write_text("the user's")
     train(shards, str(log_dir), "--max_steps", "1")
-    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "notes.tmp"]
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "log.txt.tmp", "model_00000.pt", "model_00002.pt.tmp", "notes.tmp"]
 
 
 @pytest.mark.parametrize("content", [[1, 2, 3], {"model": {}, "config": {"n_layer": 2}}, {"model": {}, "config": [1]},

@@ -199,14 +199,14 @@ def test_stop_and_resume_gives_the_same_shards(tmp_path):
 
 KILLER = """
 import os, signal, sys
-import fineweb
+import common, fineweb
 fineweb.CHUNK_CHARS = {chunk}
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
     if calls[0] == 3:
         if {during!r}:  # half a shard in the temporary file, then the power goes
-            with open(path + ".tmp", "wb") as f:
+            with open(common.temporary_name(path), "wb") as f:
                 f.write(b"half a shard")
         else:  # the shard is in place but the manifest does not list it yet
             real(path, tokens)

@@ -191,13 +191,13 @@ def test_seed_decides_the_draw(tmp_path):
 
 KILLER = """
 import os, signal, sys
-import fineweb
+import common, fineweb
 fineweb.CHUNK_CHARS, fineweb.UNIT_CHARS = 700, 300
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
     if calls[0] == 4:
-        with open(path + ".tmp", "wb") as f:  # half a shard in the temporary file, then the power goes
+        with open(common.temporary_name(path), "wb") as f:  # half a shard in the temporary file, then the power goes
             f.write(b"half a shard")
         os.kill(os.getpid(), signal.SIGKILL)
     return real(path, tokens)
