@@ -1164,8 +1164,8 @@ def build_parser():
 
 _UNSET = object()
 RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
-# fixed for a run's life
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle")
+# what a resumed run cannot change: the model's shape, the batch, and the data order (--seed draws each epoch's shuffle)
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
 
 
 def parse_args(argv=None, saved_args=None):

@@ -159,6 +159,9 @@ def test_resume_refuses_another_model_preset(shards, tmp_path):
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
     with pytest.raises(train_gpt2.UserError, match="--model d12 conflicts with the checkpoint's tiny"):
         train_gpt2.main(["--log_dir", log_dir, "--resume", "--model", "d12"])
+    # the seed draws the data order: the loader keeps the checkpoint's, so another one is refused, not ignored
+    with pytest.raises(train_gpt2.UserError, match="--seed 42 conflicts with the checkpoint's 1337"):
+        train_gpt2.main(["--log_dir", log_dir, "--resume", "--seed", "42"])
 
 
 def test_a_bare_resume_continues_the_same_run(shards, tmp_path):
