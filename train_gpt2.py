@@ -2199,7 +2199,21 @@ def main(argv=None):
     check_scale_args(args)
     check_tracking(args)
     check_log_dir(args.log_dir)
+    if ckpt is not None and finished(ckpt["step"], args.max_steps, ckpt_path, master):
+        return
     train(args, ckpt, ckpt_path)
+
+
+def finished(step, max_steps, ckpt_path, master):
+    """Whether a resumed run has no step left to take (said on the console); a --max_steps the run is
+    already past is refused."""
+    if step + 1 > max_steps:
+        raise UserError(f"--max_steps {max_steps}: the run has already taken {step + 1} steps ({ckpt_path}); "
+                        f"give --max_steps above {step + 1} to train on")
+    if step + 1 == max_steps and master:
+        print(f"--resume: the run is finished ({ckpt_path} is after its last step, {step}); "
+              "give a larger --max_steps to train on")
+    return step + 1 == max_steps
 
 
 def check_log_dir(log_dir):

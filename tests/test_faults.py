@@ -164,6 +164,23 @@ def test_resume_refuses_another_model_preset(shards, tmp_path):
         train_gpt2.main(["--log_dir", log_dir, "--resume", "--seed", "42"])
 
 
+def test_resuming_a_finished_run_says_so_and_changes_nothing(shards, tmp_path, capsys):
+    """A bare --resume of a finished run is one line and exit 0 (a preemptible job may pass --resume
+    once more); a --max_steps the run is already past is refused; neither touches the log folder."""
+    log_dir = tmp_path / "log"
+    train(shards, str(log_dir), "--max_steps", "4", "--eval_every", "2", "--save_every", "2")
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    capsys.readouterr()
+    train_gpt2.main(["--log_dir", str(log_dir), "--resume"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "the run is finished" in out[0] and "model_00003.pt" in out[0]
+    with pytest.raises(train_gpt2.UserError, match="--max_steps 3: the run has already taken 4 steps"):
+        train_gpt2.main(["--log_dir", str(log_dir), "--resume", "--max_steps", "3"])
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before
+    train_gpt2.main(["--log_dir", str(log_dir), "--resume", "--max_steps", "5"])  # more steps: it goes on
+    assert max(read_log(str(log_dir))["train"]) == 4
+
+
 def test_a_bare_resume_continues_the_same_run(shards, tmp_path):
     """`--resume` alone takes every setting from the checkpoint, the run length and schedule included."""
     run = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "8", "--eval_every", "3", "--save_every", "4", "--max_lr", "5e-3"]
