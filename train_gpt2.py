@@ -275,12 +275,13 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self):
-        """Training FLOPs per token, 6N + 12·L·H·Q·T, the formula nanoGPT and llm.c use for MFU."""
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token, 6N + 12·L·H·Q·T, the formula nanoGPT and llm.c use for MFU; T is the
+        length of the sequences trained on (seq_len; None: the context, block_size)."""
         cfg = self.config
         n = self.num_params() - self.transformer.wpe.weight.numel()
         head_dim = cfg.n_embd // cfg.n_head
-        return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.block_size
+        return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
 
     def forward(self, idx, targets=None, kv_cache=None):
         B, T = idx.size()
@@ -1788,7 +1789,7 @@ def train(args, ckpt=None, ckpt_path=None):
         tokenizer = get_tokenizer() if args.sample_every else None
         run_log.open(args, ckpt, ckpt_path, start_step)  # everything is checked: now the log folder changes
 
-        flops_per_token = raw_model.flops_per_token()
+        flops_per_token = raw_model.flops_per_token(args.seq_len)  # --init_from's context may be longer
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
         say(run_header(args, device, dtype, use_compile, world_size, raw_model, grad_accum_steps))
         check_schedule(args, master)

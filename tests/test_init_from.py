@@ -229,6 +229,25 @@ def test_shape_flags_that_agree_with_init_from_train_its_weights(hf_dirs, shards
     assert (logits - hf_logits(hf_dirs["default"], tokens())).abs().max().item() < 1e-3
 
 
+def test_mfu_counts_the_sequences_trained_on_not_the_weights_context(hf_dirs, shards, tmp_path, capsys):
+    """--seq_len 32 on weights with a context of 64: the attention FLOPs of the MFU are those of 32-token
+    sequences. FLOPs per token from the step line (a tiny --peak_tflops makes its MFU a number of 7 digits),
+    against 6N + 12·L·C·T with N counted on the transformers model (its position embedding left out)."""
+    train(shards, str(tmp_path / "log"), "--init_from", hf_dirs["default"], "--max_steps", "2", "--eval_every", "0",
+          "--save_every", "0", "--peak_tflops", "1e-6")
+    hf = GPT2LMHeadModel.from_pretrained(hf_dirs["default"])
+    n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
+    want = {T: 6 * n + 12 * SHAPE["n_layer"] * SHAPE["n_embd"] * T for T in (32, 64)}
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ") and "| mfu " in ln]
+    assert len(lines) == 2
+    for line in lines:
+        dt_ms, mfu = (float(re.search(pattern, line).group(1)) for pattern in (r"dt ([\d.]+)ms", r"mfu ([\d.]+)%"))
+        flops_per_token = mfu / 100 * 1e6 / (256 / (dt_ms / 1000))  # TINY_FLAGS: 256 tokens a step
+        rounding = 0.005 / dt_ms + 0.05 / mfu  # both printed rounded to their last digit: relative error bound
+        assert rounding < abs(want[64] - want[32]) / want[32] / 2  # fine enough to tell the two T apart
+        assert abs(flops_per_token - want[32]) <= 1.01 * rounding * want[32], (line, want)
+
+
 def test_seq_len_beyond_the_weights_context_is_refused_before_loading(hf_dirs, shards, tmp_path, monkeypatch):
     monkeypatch.setattr(train_gpt2.GPT, "from_pretrained", lambda name: pytest.fail("refused after loading"))
     refusal = f"--seq_len 128 exceeds --init_from {hf_dirs['default']}'s context of 64"
