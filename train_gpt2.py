@@ -563,7 +563,8 @@ def export_hf(model, out_dir, also=None):
     except OSError as e:
         raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
     try:
-        hf_model.save_pretrained(tmp, safe_serialization=True)
+        with quiet_transformers():  # no "Writing model shards" bar on stderr
+            hf_model.save_pretrained(tmp, safe_serialization=True)
         added = also(tmp) if also is not None else None
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
         if os.path.isdir(out_dir):
@@ -884,10 +885,11 @@ def checkpoint_path(log_dir, step):
 
 
 def find_checkpoints(log_dir):
-    """Checkpoint paths in log_dir, newest step first."""
+    """Checkpoint files in log_dir, newest step first (a folder named like one is not)."""
     if not os.path.isdir(log_dir):
         return []
-    found = [(int(m.group(1)), n) for n in os.listdir(log_dir) if (m := CHECKPOINT_RE.match(n))]
+    found = [(int(m.group(1)), n) for n in os.listdir(log_dir)
+             if (m := CHECKPOINT_RE.match(n)) and os.path.isfile(os.path.join(log_dir, n))]
     return [os.path.join(log_dir, n) for _, n in sorted(found, reverse=True)]
 
 

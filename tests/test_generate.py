@@ -266,6 +266,7 @@ def test_cli_directory_means_newest_checkpoint(tmp_path, capsys):
     old, new = tiny_model(seed=5, block_size=64, vocab_size=50304), tiny_model(seed=6, block_size=64, vocab_size=50304)
     save_ckpt(old, str(tmp_path / "model_99999.pt"))
     save_ckpt(new, str(tmp_path / "model_100000.pt"))  # newer by step, older by name
+    (tmp_path / "model_200000.pt").mkdir()  # a folder named like a checkpoint is none
     out = cli_main(["--checkpoint", str(tmp_path), "--prompt", "Once", "--max_new_tokens", "8"] + GREEDY, capsys)
     assert expected_greedy_text(new, "Once", 8) in out
     assert expected_greedy_text(old, "Once", 8) not in out
