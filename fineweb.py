@@ -153,10 +153,10 @@ def read_local(paths, field, skip, progress):
 
 def load_hub(args):
     import datasets
-    import huggingface_hub
+    from huggingface_hub.utils import logging as hub_logging  # the package loads .utils lazily: import it by name
 
     datasets.logging.set_verbosity_error()  # the hub client logs every retry; our one line says it all
-    huggingface_hub.utils.logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
     try:
         ds = datasets.load_dataset(args.dataset, name=args.name or None, split=args.split, streaming=True)
     except Exception as e:
@@ -718,8 +718,9 @@ def download(args):
     sizes checked against the hub's, and a manifest.json for --verify_data. A rerun resumes: huggingface_hub
     skips the files already complete."""
     import huggingface_hub as hub
+    from huggingface_hub.utils import logging as hub_logging  # the package loads .utils lazily: import it by name
 
-    hub.utils.logging.set_verbosity_error()  # not a line per retry
+    hub_logging.set_verbosity_error()  # not a line per retry
     out = args.output_dir
     try:
         files = hub.HfApi().list_repo_tree(args.download, repo_type="dataset")

@@ -23,7 +23,7 @@ import pytest
 import common
 import fineweb
 import train_gpt2
-from conftest import ROOT, assert_cli_error, fineweb_cli
+from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
 
 def austen(start, length):
@@ -455,3 +455,13 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     assert not (out / "manifest.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]
+
+
+@pytest.mark.parametrize("flags", [["--download", "someone/shards"], []])
+def test_offline_hub_is_one_line_in_a_fresh_process(tmp_path, flags):
+    """The hub paths as a user runs them, in a new interpreter (huggingface_hub loads its submodules
+    lazily: an in-process test, where other modules have loaded them, hides a missing import)."""
+    out = tmp_path / "out"
+    result = run_script(["fineweb.py", *flags, "--output_dir", str(out)], env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(result, "network")
+    assert not out.exists()
