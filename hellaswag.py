@@ -185,8 +185,8 @@ def render(example, enc, style="nanogpt"):
     """(context tokens, [ending tokens] * 4, [normaliser] * 4). acc_norm divides an ending's summed
     loss by its normaliser: the token count (nanogpt) or the ending's length in characters (harness)."""
     if style == "nanogpt":  # build-nanogpt: ctx, then " " + ending
-        ctx = enc.encode(example["ctx"])
-        endings = [enc.encode(" " + e) for e in example["endings"]]
+        ctx = enc.encode_ordinary(example["ctx"])
+        endings = [enc.encode_ordinary(" " + e) for e in example["endings"]]
         norms = [len(e) for e in endings]
     elif style == "harness":
         if not all(k in example for k in ("activity_label", "ctx_a", "ctx_b")):
@@ -199,8 +199,8 @@ def render(example, enc, style="nanogpt"):
         # continuation as one string and keeps the tokens after the context's
         stripped = query.rstrip()
         query, spaces = stripped, query[len(stripped):]
-        ctx = enc.encode(query)
-        endings = [enc.encode(query + spaces + " " + c)[len(ctx):] for c in choices]
+        ctx = enc.encode_ordinary(query)
+        endings = [enc.encode_ordinary(query + spaces + " " + c)[len(ctx):] for c in choices]
         norms = [len(c) for c in choices]
     else:
         raise UserError(f"--style {style!r}: expected one of {', '.join(STYLES)}")

@@ -158,7 +158,7 @@ def checkpoint_cases(f):
         (f["missing"], "does not exist"),
         (f["no_ckpts"], "no model_*.pt"),
         (f["hf_folder"], "no model_*.pt", "--init_from"),
-        (f["ckpt_is_dir"], "model_00005.pt"),
+        (f["ckpt_is_dir"], "no model_*.pt"),  # a folder named model_00005.pt is not a checkpoint
         (f["newest_truncated"], "model_00009.pt", "truncated"),
         (f["truncated"], "truncated"),
         (f["empty"], "truncated"),

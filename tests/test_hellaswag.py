@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import hellaswag
 import train_gpt2
+from train_gpt2 import EOT_TOKEN, get_tokenizer
 from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, write_hellaswag
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
@@ -271,6 +272,22 @@ def test_training_loop_logs_hellaswag(tmp_path, data):
     newest = hellaswag.main(["--checkpoint", log_dir, "--data", data, "--device", "cpu"])
     assert newest == hellaswag.main(["--checkpoint", os.path.join(log_dir, "model_00003.pt"), "--data", data,
                                      "--device", "cpu"])
+
+
+@pytest.mark.parametrize("style", ["nanogpt", "harness"])
+def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
+    """A literal "<|endoftext|>" in a context or an ending is text, as fineweb.py tokenizes training text:
+    no special token, the tokens decode back to the text (tiktoken's encode refuses it: hellaswag.py and the
+    training loop's evaluation died on it)."""
+    enc = get_tokenizer()
+    example = {"ctx": "He said <|endoftext|> and", "ctx_a": "He said <|endoftext|>", "ctx_b": "and",
+               "activity_label": "Talking", "endings": ["left.", "<|endoftext|> stayed.", "ran.", "sat."], "label": 1}
+    ctx, endings, _ = hellaswag.render(example, enc, style)
+    assert EOT_TOKEN not in ctx and all(EOT_TOKEN not in e for e in endings)
+    assert "<|endoftext|>" in enc.decode(ctx) and enc.decode(endings[1]).strip() == "<|endoftext|> stayed."
+    data = tmp_path / "hs.jsonl"
+    data.write_text(json.dumps(example) + "\n")
+    assert hellaswag.main(["--init_from", hf_dir, "--data", str(data), "--device", "cpu", "--style", style])["total"] == 1
 
 
 @pytest.mark.parametrize("line, needle", [
