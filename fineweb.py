@@ -609,12 +609,7 @@ def main(argv=None):
                 pool.submit(int).result()
             ds = None if args.input else load_hub(args)  # before anything in the folder changes
             os.makedirs(out, exist_ok=True)
-            if old is not None:
-                remove_unrecorded(out, (old["prefix"], args.prefix), manifest["shards"])
-            if not resume and (others := list_shards(out, "val") + list_shards(out, "train")):
-                raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py "
-                                f"({os.path.basename(others[0])}, ...); train_gpt2.py would read them too: "
-                                "choose another --output_dir or remove them")
+            clear_folder(out, old and old["prefix"], manifest["shards"])
             save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
             make_shards(args, manifest, ds, pool, val)
     except OSError as e:  # a full disk, a folder we may not write: the shards so far are intact
@@ -626,12 +621,24 @@ def main(argv=None):
                         "(with a smaller --num_proc if memory is short)") from None
 
 
-def remove_unrecorded(out, prefixes, shards):
-    """Shards (and .tmp files) of ours in `out` that the manifest does not list: from before, or from a crash."""
-    ours = re.compile(rf"({'|'.join(map(re.escape, prefixes))})_(val|train)_\d{{6}}\.bin")
-    for name in set(os.listdir(out)) - {s["name"] for s in shards}:
-        if ours.fullmatch(temporary_of(name) or name):
-            os.remove(os.path.join(out, name))
+def clear_folder(out, prefix, shards):
+    """Before any shard is written: refuse shards in `out` that are not ours (train_gpt2.py would read them
+    too), then remove those of ours that the manifest does not list (from before --overwrite, or from a
+    crash) and a killed run's temporaries. Ours: named with the `prefix` of the manifest found in `out`."""
+    listed = {s["name"] for s in shards}
+    shard = re.compile(rf"{re.escape(prefix or '')}_(val|train)_\d{{6}}\.bin")
+
+    def is_stale(name):
+        final = temporary_of(name)
+        return final == "manifest.json" or bool(prefix and shard.fullmatch(final or name))
+
+    stale = set(filter(is_stale, set(os.listdir(out)) - listed))
+    others = sorted(set(map(os.path.basename, list_shards(out, "val") + list_shards(out, "train"))) - listed - stale)
+    if others:
+        raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({others[0]}, ...); "
+                        "train_gpt2.py would read them too: choose another --output_dir or remove them")
+    for name in stale:
+        os.remove(os.path.join(out, name))
 
 
 def make_shards(args, manifest, ds, pool, val):

@@ -60,6 +60,42 @@ def snapshot(d):
 
 
 # -----------------------------------------------------------------------------
+# 0. Shards of the user's in the output folder are never taken for ours
+
+
+def test_shards_of_the_users_are_refused_before_anything_is_deleted(tmp_path, capsys):
+    """Ours are the shards named with the prefix of the folder's manifest: a run that failed before any shard
+    left a manifest of prefix `miss`, so `mine_*` shards put there later are the user's; and --overwrite
+    deletes nothing when it then refuses. A killed run's manifest temporaries are cleared."""
+    d = tmp_path
+    (d / "a.jsonl").write_text("".join(json.dumps({"text": austen(i * 500, 500)}) + "\n" for i in range(20)))
+    (d / "miss.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    out = d / "out"
+    assert_cli_error(fineweb_cli(capsys, "--input", str(d / "miss.jsonl"), "--output_dir", str(out), "--num_proc", "1"), "text")
+    for name in ("mine_val_000000.bin", "mine_train_000001.bin"):  # the user's own shards
+        train_gpt2.write_shard(str(out / name), np.arange(300))
+    before = snapshot(out)
+    assert_cli_error(fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(out), "--prefix", "mine",
+                                 "--shard_size", "1000", "--num_proc", "1"), "mine_train_000001.bin")
+    assert snapshot(out) == before
+    # shards of ours and one of the user's: --overwrite refuses before it deletes ours
+    other = d / "other"
+    assert fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(other), "--shard_size", "1000",
+                       "--num_proc", "1", "--max_shards", "2")[0] == 0
+    train_gpt2.write_shard(str(other / "mine_train_000001.bin"), np.arange(300))
+    (other / "manifest.json.0123abcd.tmp").write_text("half a manifest")  # a killed run's
+    before = snapshot(other)
+    assert_cli_error(fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(other), "--shard_size", "1000",
+                                 "--num_proc", "1", "--overwrite"), "mine_train_000001.bin")
+    assert snapshot(other) == before
+    os.remove(other / "mine_train_000001.bin")
+    assert fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(other), "--shard_size", "1000",
+                       "--num_proc", "1")[0] == 0  # resumes, and clears the temporary
+    assert not [n for n in os.listdir(other) if n.endswith(".tmp")]
+    check_tokens(str(other), [austen(i * 500, 500) for i in range(20)], 1000)
+
+
+# -----------------------------------------------------------------------------
 # 1. An input that changed since the first shards
 
 
