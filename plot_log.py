@@ -17,6 +17,8 @@ A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels,
 - every other kind (`lr`, `mmlu`, ...) on a panel of its own.
 A kind with no finite value (a run that diverged at once logs only nan) is left out; a log with
 nothing finite to plot is refused.
+A line of more than MAX_POINTS points is drawn from the lowest and highest of each run of consecutive
+points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still show.
 A reference line is drawn only where it lies within or near the run's values on that panel (within a
 quarter of their spread, or a tenth of their size), so a short run's curves are not squashed by it.
 
@@ -27,6 +29,7 @@ that is not a PNG, is refused, so a slip of the command line cannot destroy a lo
 import math
 import os
 import re
+import warnings
 
 from common import CLIParser, UserError, atomic_write, run_cli
 
@@ -37,6 +40,7 @@ HELLASWAG_CHANCE = 0.25  # four endings
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KIND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")  # a word: what a log line's second field may be
 LOSS_PANEL, HELLA_PANEL = "loss", "HellaSwag"
+MAX_POINTS = 10_000  # per line drawn: a panel is ~700 pixels wide; millions of points overflow Agg's path limit
 
 
 def parse_log(path):
@@ -57,7 +61,7 @@ def parse_log(path):
                     step, kind, value = int(parts[0]), parts[1], float(parts[2])
                 except (ValueError, IndexError):
                     ok = False
-                if not ok or step < 0 or not KIND_RE.match(kind):
+                if not ok or not 0 <= step < 2**63 or not KIND_RE.match(kind):
                     raise UserError(f"{path}:{lineno}: expected '<step> <kind> <value>' (e.g. '250 val 3.41'), "
                                     f"found {line.strip()[:80]!r}")
                 series.setdefault("skipped" if len(parts) == 4 else kind, {})[step] = value
@@ -83,6 +87,21 @@ def moving_average(values, k):
             total -= values[i - k]
         out.append(total / min(i + 1, k))
     return out
+
+
+def thinned(steps, values, max_points=MAX_POINTS):
+    """At most max_points of a long line: the lowest and the highest value of each of max_points/2 runs of
+    consecutive points, in step order, so spikes and the envelope stay as drawn at full length."""
+    if len(steps) <= max_points:
+        return steps, values
+    buckets = max_points // 2
+    out = []
+    for b in range(buckets):
+        lo, hi = b * len(steps) // buckets, (b + 1) * len(steps) // buckets
+        low = min(range(lo, hi), key=values.__getitem__)
+        high = max(range(lo, hi), key=values.__getitem__)
+        out += sorted({low, high})
+    return [steps[i] for i in out], [values[i] for i in out]
 
 
 def is_loss(kind):
@@ -139,10 +158,10 @@ def build_figure(series, title=None, smooth=0):
                 style = dict(lw=1.2)
             else:
                 style = dict(lw=1.5, marker=".")
-            ax.plot(steps, values, label=label_of(kind, values), **style)
+            ax.plot(*thinned(steps, values), label=label_of(kind, values), **style)
             if name == LOSS_PANEL and kind == "train" and smooth > 1 and values:
                 avg = moving_average(values, smooth)
-                ax.plot(steps, avg, lw=1.5, color=ax.lines[-1].get_color(),
+                ax.plot(*thinned(steps, avg), lw=1.5, color=ax.lines[-1].get_color(),
                         label=f"train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
         if name == LOSS_PANEL:
             zoom = bool(shown) and min(shown) < 4.0 < max(shown)  # past the start: zoom to where runs are compared
@@ -219,12 +238,16 @@ def main(argv=None):
     if not panels(series):
         raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
                         "there is nothing to draw until the run logs a finite one")
-    fig = build_figure(series, title=path, smooth=args.smooth)
     try:
-        with atomic_write(out) as f:  # an existing plot is replaced only by a complete one
-            fig.savefig(f, format="png", dpi=100)
+        with warnings.catch_warnings():  # numpy's overflow warnings, before the error below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fig = build_figure(series, title=path, smooth=args.smooth)
+            with atomic_write(out) as f:  # an existing plot is replaced only by a complete one
+                fig.savefig(f, format="png", dpi=100)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None
+    except (ArithmeticError, ValueError) as e:  # values near float's limit (1e308): the axes cannot scale
+        raise UserError(f"{path}: its values are too large to draw ({type(e).__name__}: {e})") from None
     print(f"wrote {out}")
     return out
 

@@ -276,3 +276,30 @@ def test_a_skipped_step_is_not_plotted_in_either_format(tmp_path):
         assert [ax.get_title() for ax in fig.axes] == ["loss"]
         train = find(lines_by_label(fig.axes[0]), "train loss")
         assert list(train.get_xdata()) == [0, 1, 3] and list(train.get_ydata()) == [10.5, 9.5, 8.5]
+
+
+def test_a_long_run_is_drawn_thinned_with_its_extremes(tmp_path):
+    """Millions of points overflow Agg's path limit (a traceback at savefig): a line is drawn from at most
+    MAX_POINTS of them, each run of consecutive points kept as its lowest and highest, so every spike and
+    the overall range are still drawn; the labels still give the last logged value."""
+    n = 5 * plot_log.MAX_POINTS + 123
+    values = [3.0 + 0.001 * ((s * 7919) % 101) for s in range(n)]
+    values[31337] = 9.5  # one spike, and one dip
+    values[n - 5] = 1.25
+    fig = figure(tmp_path, "".join(f"{s} train {v}\n" for s, v in enumerate(values)), smooth=10)
+    labels = lines_by_label(fig.axes[0])
+    train = find(labels, "train loss (")
+    xs, ys = list(train.get_xdata()), list(train.get_ydata())
+    assert len(xs) <= plot_log.MAX_POINTS and xs == sorted(xs) and xs[0] == 0
+    assert 31337 in xs and ys[xs.index(31337)] == 9.5 and n - 5 in xs and min(ys) == 1.25
+    assert all(values[s] == y for s, y in zip(xs, ys))  # logged points, not made up
+    assert len(find(labels, "train loss, mean").get_xdata()) <= plot_log.MAX_POINTS
+    assert f"(last {values[-1]:.4g})" in train.get_label()
+
+
+def test_numbers_too_large_to_draw_are_one_line(tmp_path):
+    path = write(tmp_path / "log.txt", "0 train 1e308\n1 train -1e308\n")
+    assert_one_line_error(run_script(["plot_log.py", path]), "too large to draw")
+    assert not os.path.exists(tmp_path / "plot.png")
+    with pytest.raises(UserError, match=":1: expected"):  # a step no run reaches
+        plot_log.parse_log(write(tmp_path / "steps.txt", f"{2**63} train 3.0\n"))
