@@ -67,9 +67,11 @@ def split_document(text, size=None):
 def read_txt(path, progress):
     """The file as one document (UTF-8, kept exactly), read and handed on a piece at a time."""
     decoder, buf, scanned, offset = codecs.getincrementaldecoder("utf-8")(), "", 0, 0
+    start = 0  # the file offset of the bytes the decoder is given next (with those it holds back)
     try:
         with open(path, "rb") as f:
             while raw := f.read(CHUNK_CHARS):
+                start = offset - len(decoder.getstate()[0])
                 buf, offset = buf + decoder.decode(raw), offset + len(raw)
                 progress["bytes"] += len(raw)
                 while len(buf) > 2 * CHUNK_CHARS:  # a big file never sits in memory whole
@@ -78,9 +80,10 @@ def read_txt(path, progress):
                         break
                     yield buf[: m.start()]
                     buf, scanned = buf[m.start() :], 0
+        start = offset - len(decoder.getstate()[0])
         yield buf + decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text (near byte {offset:,}); convert it to UTF-8") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {start + e.start:,}); convert it to UTF-8") from None
     except OSError as e:
         raise UserError(f"cannot read {path} ({brief(e)})") from None
 
@@ -88,7 +91,8 @@ def read_txt(path, progress):
 def text_of(value, where, field):
     if isinstance(value, str):
         return value
-    what = "no" if value is None else f"a {type(value).__name__} in the"
+    kind = type(value).__name__
+    what = "no" if value is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} in the"
     raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; '
                     "use --text_field to read another)")
 
@@ -454,6 +458,8 @@ def check_args(args):
     if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
         what = "a file" if args.output_dir else "empty"
         raise UserError(f"--output_dir {args.output_dir!r} is {what}; name a folder")
+    if args.download is not None and args.input:
+        raise UserError("--download fetches shards made elsewhere; --input tokenizes local files: use one or the other")
     if args.download is not None and args.val_tokens is not None:
         raise UserError("--val_tokens draws validation while tokenizing; --download fetches shards made elsewhere, "
                         "with their own split: use one or the other")
@@ -464,7 +470,9 @@ def check_args(args):
         raise UserError("--text_field must not be empty")
     for path in [] if args.download else args.input or []:
         if not os.path.isfile(path):
-            what = "is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path) else "does not exist"
+            what = ("is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path)
+                    else "is not a regular file (a pipe or a device); save it to a file first"
+                    if os.path.exists(path) else "does not exist")
             raise UserError(f"--input {path!r} {what}")
         if not path.lower().endswith(INPUT_TYPES):
             raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
@@ -709,6 +717,9 @@ def report_split(args, shards, val):
         print(f"validation: {got:,} tokens ({got / total:.2%}) drawn from across the input (seed {args.seed})" + (
               f"; fewer than the {asked:,} asked for: units are drawn at random, at the rate the input's estimated "
               f"size (~{BYTES_PER_TOKEN} bytes per token) gives; ask for more, or give a fraction" if short else ""))
+    if args.shard_size < BATCH_TOKENS:
+        print(f"note: shards of {args.shard_size:,} tokens hold less than one batch of train_gpt2.py at its defaults "
+              f"({BATCH_TOKENS:,} = 64x1024+1): train with a --batch_size x --seq_len that fits, e.g. --model tiny")
     ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
     if "train" not in ends:
         print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "

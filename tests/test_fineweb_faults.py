@@ -202,6 +202,8 @@ def files(tmp_path_factory):
     (d / "a.json").write_text('[{"text": "an array"}]', encoding="utf-8")
     (d / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     (d / "cut.txt").write_bytes("caf\xe9".encode("utf-8")[:-1])  # ends inside a character
+    (d / "deep.txt").write_bytes(b"a" * 1_000_001 + "\xe9".encode("utf-8") + b"\xff" + b"b" * 5000)  # past a chunk
+    os.mkfifo(d / "pipe.txt")
     (d / "latin1.jsonl").write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
     (d / "empty.jsonl").write_text("\n\n", encoding="utf-8")
     (d / "list.jsonl").write_text('{"text": "a"}\n["text"]\n', encoding="utf-8")
@@ -291,8 +293,10 @@ CASES = {
     "input .json": (["--input", "DIR/a.json"], ["a.json", ".txt, .jsonl, .parquet"]),
     "input unreadable": (["--input", "DIR/ok.txt"], ["cannot read", "ok.txt", "PermissionError"],
                          lambda mp, d, out, new: fake_open(mp, fineweb, errno.EACCES, lambda p, m: p.endswith("ok.txt"))),
-    "txt not utf-8": (["--input", "DIR/latin1.txt", "--output_dir", "NEW"], ["latin1.txt", "UTF-8"]),
-    "txt ends inside a character": (["--input", "DIR/cut.txt", "--output_dir", "NEW"], ["cut.txt", "UTF-8"]),
+    "txt not utf-8": (["--input", "DIR/latin1.txt", "--output_dir", "NEW"], ["latin1.txt", "UTF-8", "(byte 3)"]),
+    "txt ends inside a character": (["--input", "DIR/cut.txt", "--output_dir", "NEW"], ["cut.txt", "UTF-8", "(byte 3)"]),
+    "txt not utf-8 deep inside": (["--input", "DIR/deep.txt", "--output_dir", "NEW"], ["deep.txt", "(byte 1,000,003)"]),
+    "input a pipe": (["--input", "DIR/pipe.txt"], ["pipe.txt", "not a regular file"]),
     "jsonl not utf-8": (["--input", "DIR/latin1.jsonl", "--output_dir", "NEW"], ["latin1.jsonl:1", "utf-8"]),
     "jsonl without documents": (["--input", "DIR/empty.jsonl", "--output_dir", "NEW"], ["no documents"]),
     "jsonl line not an object": (["--input", "DIR/list.jsonl", "--output_dir", "NEW"], ["list.jsonl:2", '"text"']),
@@ -345,10 +349,11 @@ CASES = {
     "val_tokens count of a hub dataset of unknown size": (["HUB", "--dataset", "someone/data", "--val_tokens", "1000"], ["someone/data", "fraction"]),
     "val_tokens added to shards made without": (["--val_tokens", "0.1"], ["val_tokens", "--overwrite"]),
     **{f"seed {v}": (["--val_tokens", "0.1", "--seed", v], ["--seed"]) for v in ["abc", "", "1.5", "nan"]},
-    "download empty": (["--download", ""], ["--download"]),
-    "download offline": (["--download", "kjj0/fineweb10B-gpt2"], ["kjj0/fineweb10B-gpt2", "network"], offline),
-    "download max_shards": (["--download", "x/y", "--max_shards", "-1"], ["--max_shards"]),
-    "download val_tokens": (["--download", "x/y", "--val_tokens", "0.01"], ["--val_tokens", "--download"]),
+    "download empty": (["HUB", "--download", ""], ["--download"]),
+    "download offline": (["HUB", "--download", "kjj0/fineweb10B-gpt2"], ["kjj0/fineweb10B-gpt2", "network"], offline),
+    "download max_shards": (["HUB", "--download", "x/y", "--max_shards", "-1"], ["--max_shards"]),
+    "download val_tokens": (["HUB", "--download", "x/y", "--val_tokens", "0.01"], ["--val_tokens", "--download"]),
+    "download with input": (["--download", "x/y"], ["--download", "--input"]),
 }
 
 
@@ -394,9 +399,12 @@ def test_small_last_shard_is_warned_about(tmp_path, capsys):
     # the warning is right: one batch of the trainer at its defaults needs more tokens than that shard holds
     defaults = train_gpt2.build_parser().parse_args([])
     assert m["shards"][-1]["tokens"] < defaults.batch_size * defaults.seq_len + 1 <= m["shards"][-2]["tokens"]
-    # and it is not given when the shards are all small by choice
+    # shards all small by choice: no warning about the last one, a note that none holds a default batch
     code, stdout, _ = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
     assert code == 0 and "warning" not in stdout
+    assert f"shards of 30,000 tokens hold less than one batch of train_gpt2.py at its defaults ({defaults.batch_size * defaults.seq_len + 1:,}" in stdout
+    assert "note: shards of" not in fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "big",
+                                                "--shard_size", "100000", "--num_proc", "1")[1]
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
