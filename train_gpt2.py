@@ -721,8 +721,8 @@ class DataLoaderLite:
         need = B * T * world_size + 1
         sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
         self.shards = [path for path in found if sizes[path] >= need]
-        # one epoch (the last partial stride of each shard too)
-        self.total_tokens = sum(sizes[path] for path in self.shards)
+        # the tokens one epoch reads: whole strides of each shard (its last partial stride is passed over)
+        self.total_tokens = sum((sizes[path] - 1) // (need - 1) * (need - 1) for path in self.shards)
         short = [path for path in found if sizes[path] < need]
         if not self.shards:
             raise UserError(f"no {split} shard in {data_dir} holds one batch of {need} tokens "
