@@ -202,63 +202,75 @@ def read_hub(ds, args, skip, checkpoint, states):
 
 # -----------------------------------------------------------------------------
 # Tokenizing and cutting shards. A unit is a document, or with --val_tokens a piece of a .txt of at least
-# UNIT_CHARS characters; units are numbered over all inputs in order.
+# UNIT_CHARS characters; units are numbered over all inputs in order. A piece is text of at most about
+# 2 x CHUNK_CHARS characters, tagged (unit, new_doc, first): first if it starts the unit, new_doc if that
+# unit starts a document.
 
 
-def make_chunks(docs, count, unit_chars, keep):
-    """Lists of about CHUNK_CHARS characters of pieces (unit, new_doc, first, text): `first` if the piece starts
-    unit number `unit`, `new_doc` if that unit starts a document. Units that keep(unit) refuses are left out.
-    count: the units and documents read so far."""
-    chunk, size = [], 0
+def pieces(docs, count, unit_chars, keep):
+    """(tag, text) of each piece of each unit that keep(unit) allows. count: the documents and units read so far
+    (units from count["units"] on are numbered here)."""
     for doc in docs:
         count["documents"] += 1
         if isinstance(doc, str) or not unit_chars:  # one unit: a str, or a .txt's pieces as read
             doc_units = [split_document(doc) if isinstance(doc, str) else doc]
         else:
             doc_units = ([unit] for piece in doc for unit in split_document(piece, unit_chars))
-        for k, pieces in enumerate(doc_units):
+        for k, texts in enumerate(doc_units):
             count["units"] = (unit := count["units"]) + 1
-            if not keep(unit):
-                continue
-            for i, text in enumerate(pieces):
-                chunk.append((unit, k == 0, i == 0, text))
-                if (size := size + len(text) + 1) >= CHUNK_CHARS:
-                    yield chunk
-                    chunk, size = [], 0
-    if chunk:
-        yield chunk
+            if keep(unit):
+                yield from (((unit, k == 0, i == 0), text) for i, text in enumerate(texts))
 
 
-def tokenize(chunk):
-    """The chunk's tokens as uint16, <|endoftext|> before each unit, and where each piece's tokens end."""
+def tokenize(texts):
+    """The texts' tokens as one uint16 array, and where each text's tokens end. Special tokens stay text."""
     enc, parts = get_tokenizer(), []
-    for _, _, first, text in chunk:
-        # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; special tokens stay text, as in
-        # encode_ordinary, which serves older tiktoken and repairs lone surrogates (JSON escapes)
+    for text in texts:
+        # encode_to_numpy (tiktoken >= 0.8) makes no Python int per token; encode_ordinary serves older
+        # tiktoken and repairs lone surrogates (JSON escapes)
         try:
-            ids = enc.encode_to_numpy(text, disallowed_special=())
+            parts.append(enc.encode_to_numpy(text, disallowed_special=()).astype(np.uint16))
         except (AttributeError, UnicodeEncodeError):
-            ids = enc.encode_ordinary(text)
-        parts += [np.array([EOT_TOKEN] * first, dtype=np.uint32), np.asarray(ids, dtype=np.uint32)]
-    return np.concatenate(parts).astype(np.uint16), np.cumsum([len(p) for p in parts])[1::2]
+            parts.append(np.array(enc.encode_ordinary(text), dtype=np.uint16))
+    return np.concatenate(parts), np.cumsum([len(p) for p in parts])
+
+
+def batches(tagged):
+    """The (tag, text) pairs in lists of about CHUNK_CHARS characters: one work item for a worker."""
+    batch, size = [], 0
+    for item in tagged:
+        batch.append(item)
+        if (size := size + len(item[1]) + 1) >= CHUNK_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def tokenized(tagged, pool, window):
+    """(tag, tokens) for each (tag, text), in order, tokenized by `pool` (None: here) with at most `window`
+    batches in flight."""
+    pending = deque()
+
+    def oldest():
+        batch, result = pending.popleft()
+        tokens, ends = result.result() if pool else result
+        return zip([tag for tag, _ in batch], np.split(tokens, ends[:-1]))
+
+    for batch in batches(tagged):
+        texts = [text for _, text in batch]
+        # a killed worker breaks the pool: BrokenProcessPool
+        pending.append((batch, pool.submit(tokenize, texts) if pool else tokenize(texts)))
+        if len(pending) >= window:
+            yield from oldest()
+    while pending:
+        yield from oldest()
 
 
 def init_worker():
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if sys.platform == "linux":  # PR_SET_PDEATHSIG: if the main process is killed, do not linger as orphans
         __import__("ctypes").CDLL(None).prctl(1, signal.SIGTERM)
-
-
-def tokenized(chunks, pool, window):
-    """(chunk, tokenize(chunk)) in input order, at most `window` chunks in flight."""
-    pending = deque()
-    for chunk in chunks:
-        pending.append((chunk, pool.submit(tokenize, chunk)))  # a killed worker breaks the pool: BrokenProcessPool
-        if len(pending) >= window:
-            chunk, result = pending.popleft()
-            yield chunk, result.result()
-    for chunk, result in pending:
-        yield chunk, result.result()
 
 
 def save_json(path, obj):
@@ -358,9 +370,10 @@ def draw(seed, unit):
 class Router:
     """Sends each unit's tokens to its split's cutter. Without --val_tokens (val None) there is one, split None.
     With it (val: rate, quota), a unit is val if draw(seed, unit) < rate and the val units before it hold
-    fewer than `quota` tokens, else train. A .txt unit that follows its text's previous unit in the same
-    split goes on without <|endoftext|>. A resumed run with --val_tokens reads the input from the start:
-    the units before each cutter's first are in shards already (and so not tokenized: keep)."""
+    fewer than `quota` tokens, else train. Each unit's tokens start with <|endoftext|>, but a .txt unit that
+    follows its text's previous unit in the same split goes on without one. A resumed run with --val_tokens
+    reads the input from the start: the units before each cutter's first are in shards already (and so not
+    tokenized: keep)."""
 
     def __init__(self, cutters, seed, val):
         self.cutters, self.seed, (self.rate, self.quota) = cutters, seed, val or (None, None)
@@ -376,23 +389,19 @@ class Router:
         """Whether the unit may still be needed (else it is in shards, and its split is the one drawn)."""
         return unit >= self.first[self.drawn_split(unit)]
 
-    def add(self, chunk, tokens, ends):
-        """A tokenized chunk: tokens[ends[i - 1]:ends[i]] are piece i's."""
-        parts = {split: [] for split in self.cutters}
-        for (unit, new_doc, first, _), part in zip(chunk, np.split(tokens, ends[:-1])):
-            if first:
-                before = self.split if self.unit == unit - 1 else self.drawn_split(unit - 1)
-                drawn = self.drawn_split(unit)
-                self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
-                if not new_doc and self.split == before:
-                    part = part[1:]  # drop its <|endoftext|>: the text goes on in this split
-                self.unit = unit
-            self.val_tokens += len(part) * (self.split == "val")
-            if unit >= self.first[self.split]:
-                parts[self.split].append((unit, part))
-        for split, todo in parts.items():  # a split at a time, val first: the order of the shards in the manifest
-            for unit, part in todo:
-                self.cutters[split].add(unit, part)
+    def add(self, tag, tokens):
+        """The tokens of a piece tagged (unit, new_doc, first)."""
+        unit, new_doc, first = tag
+        if first:
+            before = self.split if self.unit == unit - 1 else self.drawn_split(unit - 1)
+            drawn = self.drawn_split(unit)
+            self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
+            if new_doc or self.split != before:
+                tokens = np.concatenate([np.array([EOT_TOKEN], np.uint16), tokens])
+            self.unit = unit
+        self.val_tokens += len(tokens) * (self.split == "val")
+        if unit >= self.first[self.split]:
+            self.cutters[self.split].add(unit, tokens)
 
 
 # -----------------------------------------------------------------------------
@@ -676,10 +685,10 @@ def make_shards(args, manifest, ds, pool, val):
         router = Router(cutters, args.seed, val)
         t0, new_tokens = time.time(), 0
         bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
-        with closing(make_chunks(docs, count, UNIT_CHARS if val else 0, router.keep)) as chunks:
-            results = tokenized(chunks, pool, 2 * args.num_proc) if pool else ((c, tokenize(c)) for c in chunks)
-            for chunk, (tokens, ends) in results:
-                router.add(chunk, tokens, ends)
+        tagged = pieces(docs, count, UNIT_CHARS if val else 0, router.keep)
+        with closing(tokenized(tagged, pool, 2 * args.num_proc if pool else 1)) as results:
+            for tag, tokens in results:
+                router.add(tag, tokens)
                 new_tokens += len(tokens)
                 bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
                 if out.stopped:
