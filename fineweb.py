@@ -39,7 +39,8 @@ KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar'
 BYTES_PER_TOKEN = 4
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
-CHUNK_CHARS = 1 << 18  # text per work item sent to a worker; also the longest piece a big document is cut into
+CHUNK_CHARS = 1 << 18  # a long document is cut into pieces of about this many characters to be tokenized
+BATCH_CHARS = 1 << 18  # text per work item sent to a worker: pieces (or short documents) up to this many characters
 HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
 HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
 BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
@@ -236,11 +237,11 @@ def tokenize(texts):
 
 
 def batches(tagged):
-    """The (tag, text) pairs in lists of about CHUNK_CHARS characters: one work item for a worker."""
+    """The (tag, text) pairs in lists of about BATCH_CHARS characters: one work item for a worker."""
     batch, size = [], 0
     for item in tagged:
         batch.append(item)
-        if (size := size + len(item[1]) + 1) >= CHUNK_CHARS:
+        if (size := size + len(item[1]) + 1) >= BATCH_CHARS:
             yield batch
             batch, size = [], 0
     if batch:

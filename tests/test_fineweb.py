@@ -15,7 +15,7 @@ import train_gpt2
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
 EOT = 50256
-SMALL_CHUNK = 64  # characters per piece/chunk in these tests, so documents get split and chunks are many
+SMALL_CHUNK = 64  # characters per piece and per batch in these tests, so documents get split and batches are many
 
 
 def reference_tokens(text):
@@ -49,6 +49,7 @@ DOCS = [
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     monkeypatch.setattr(fineweb, "CHUNK_CHARS", SMALL_CHUNK)
+    monkeypatch.setattr(fineweb, "BATCH_CHARS", SMALL_CHUNK)
 
 
 def write_inputs(d):
@@ -200,7 +201,7 @@ def test_stop_and_resume_gives_the_same_shards(tmp_path):
 KILLER = """
 import os, signal, sys
 import common, fineweb
-fineweb.CHUNK_CHARS = {chunk}
+fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = {chunk}
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
@@ -244,6 +245,7 @@ def test_hub_path_streams_and_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     # some of its positions, which must not be the ones recorded
     monkeypatch.setattr(fineweb, "HUB_CHECKPOINT_DOCS", 1)
     monkeypatch.setattr(fineweb, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(fineweb, "BATCH_CHARS", 3000)
     data = tmp_path / "hubdata"
     data.mkdir()
     docs = [f"document {i}: " + DOCS[i % len(DOCS)][: 40 + 13 * i] for i in range(60)]

@@ -131,7 +131,7 @@ def test_changed_input_is_refused(tmp_path, capsys):
 PAUSE_AFTER_FIRST_SHARD = """
 import sys
 import common, fineweb
-fineweb.CHUNK_CHARS = 256
+fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = 256
 real = fineweb.write_shard
 def write_shard(path, tokens):
     digest = real(path, tokens)
@@ -159,6 +159,7 @@ def children(pid):
 
 def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(fineweb, "CHUNK_CHARS", 256)
+    monkeypatch.setattr(fineweb, "BATCH_CHARS", 256)
     text = austen(100000, 60000)
     (tmp_path / "book.txt").write_text(text, encoding="utf-8")
     flags = ["--input", str(tmp_path / "book.txt"), "--shard_size", "1000", "--num_proc", "2"]

@@ -25,6 +25,7 @@ EOT = 50256
 def small_units(monkeypatch):
     # small chunks and .txt units, so that a test-sized input has many of both and documents cross chunks
     monkeypatch.setattr(fineweb, "CHUNK_CHARS", 700)
+    monkeypatch.setattr(fineweb, "BATCH_CHARS", 700)
     monkeypatch.setattr(fineweb, "UNIT_CHARS", 300)
 
 
@@ -189,10 +190,25 @@ def test_seed_decides_the_draw(tmp_path):
     assert split_tokens(c, "val").tolist() != split_tokens(str(tmp_path / "a"), "val").tolist()
 
 
+def test_output_does_not_depend_on_how_the_work_is_cut(tmp_path, monkeypatch):
+    """Shards and manifest (its order of val and train entries too) are the same whatever the batch of text a
+    worker gets and however many workers there are."""
+    paths, _ = write_inputs(str(tmp_path / "in"))
+    flags = ["--shard_size", 700, "--val_tokens", 0.2]
+    outputs = []
+    for batch_chars, num_proc in ((700, 2), (5000, 1), (64, 2)):
+        monkeypatch.setattr(fineweb, "BATCH_CHARS", batch_chars)
+        out = run(paths, tmp_path / f"out{batch_chars}", *flags, num_proc=num_proc)
+        outputs.append((shard_bytes(out), read_manifest(out)))
+    names = [s["name"] for s in outputs[0][1]["shards"]]
+    assert any("_train_" in a and "_val_" in b for a, b in zip(names, names[1:]))  # the splits interleave
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
 KILLER = """
 import os, signal, sys
 import common, fineweb
-fineweb.CHUNK_CHARS, fineweb.UNIT_CHARS = 700, 300
+fineweb.CHUNK_CHARS, fineweb.BATCH_CHARS, fineweb.UNIT_CHARS = 700, 700, 300
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
