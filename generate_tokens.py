@@ -35,6 +35,10 @@ from train_gpt2 import (EOT_TOKEN, autocast_context, check_export_dir, export_hf
 DEFAULT_PROMPT = "Hello, I'm a language model,"
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
 MIN_TEMPERATURE = 1e-6  # smaller is greedy in all but name, and far smaller overflows logits / temperature
+# what only sampling reads: --export_hf refuses them rather than ignore them (not --device: an export runs on
+# the CPU whatever it says, and a habitual --device cpu should not stop it)
+SAMPLING_FLAGS = ("prompt", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "no_stop",
+                  "dtype", "compile")
 
 
 def build_parser():
@@ -103,6 +107,10 @@ def check_args(args):
         if args.export_hf:
             raise UserError("--export_hf writes the fp32 weights; drop --int8")
     if args.export_hf:
+        defaults = build_parser()
+        given = [f"--{name}" for name in SAMPLING_FLAGS if getattr(args, name) != defaults.get_default(name)]
+        if given:
+            raise UserError(f"--export_hf writes the model and exits without sampling; drop {', '.join(given)}")
         check_export_dir(args.export_hf)
 
 
@@ -139,6 +147,17 @@ def compile_for_sampling(model, backend="inductor"):
     model.compile(dynamic=True, backend=backend)
 
 
+def stdin_is_silent(stream):
+    """Whether reading stream would wait now: an open pipe or socket with nothing in it yet (ssh, srun and
+    docker exec -i give a command such a stdin, which sends nothing until the user ends it)."""
+    import select
+
+    try:
+        return not select.select([stream], [], [], 0)[0]
+    except (OSError, ValueError, TypeError):  # no file descriptor (a test's StringIO), or Windows' pipes
+        return False
+
+
 def read_prompt(prompt):
     """--prompt, else the text piped on stdin (less echo's trailing newline), else the default. Text
     that is not valid UTF-8 is refused, never sampled from with replacement characters."""
@@ -150,6 +169,8 @@ def read_prompt(prompt):
         return prompt
     if sys.stdin is None or sys.stdin.isatty():
         return DEFAULT_PROMPT
+    if stdin_is_silent(sys.stdin):  # else a command run over ssh or srun, whose stdin stays open, seems to hang
+        print("reading the prompt from stdin until it ends (Ctrl-D); --prompt TEXT gives one instead", file=sys.stderr)
     stream = getattr(sys.stdin, "buffer", None)  # the bytes: text stdin would replace or escape bad ones
     data = stream.read() if stream is not None else sys.stdin.read()  # (a test's StringIO has no buffer)
     if isinstance(data, bytes):

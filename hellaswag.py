@@ -91,7 +91,8 @@ def parse_example(line, where):
     if not isinstance(endings, list) or len(endings) != 4 or not all(isinstance(e, str) for e in endings):
         raise UserError(f"{where}: 'endings' must be a list of 4 strings")
     label = ex.get("label")
-    if isinstance(label, str) and label.strip().isdigit():  # the HF dataset stores labels as strings
+    # the HF dataset stores labels as strings; isdecimal, not isdigit, which passes '²' that int() refuses
+    if isinstance(label, str) and label.strip().isdecimal():
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 4:
         raise UserError(f"{where}: 'label' must be 0, 1, 2 or 3 (the index of the right ending), "
@@ -110,7 +111,7 @@ def load_examples(path=None, cache_dir=None):
     if os.path.isdir(path):
         raise UserError(f"HellaSwag file {path} is a folder; "
                         "give a HellaSwag-format .jsonl (or no file, to download val)")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):  # not isfile: a pipe, `--data <(zcat val.jsonl.gz)`, reads as well
         raise UserError(f"HellaSwag file {path} does not exist; "
                         "give a HellaSwag-format .jsonl (or no file, to download val)")
     try:
@@ -241,6 +242,9 @@ def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=Fa
     if pad_multiple is None:  # buckets spare a compiled model its recompiles; eager, every pad token is waste
         pad_multiple = PAD_MULTIPLE if hasattr(model, "_orig_mod") else 1
     block_size = unwrap(model).config.block_size
+    if block_size < 2:  # a --seq_len 1 run's model: a row of one token predicts nothing, the four sums tie at 0
+        raise UserError(f"a model with a context of {block_size} token cannot score HellaSwag endings; "
+                        "use a checkpoint of a run with --seq_len 2 or more")
     rows = []  # (tokens, number of scored tokens at the end)
     for ctx, endings, _ in rendered:
         for end in endings:

@@ -242,7 +242,9 @@ def main(argv=None):
         with warnings.catch_warnings():  # numpy's overflow warnings, before the error below
             warnings.simplefilter("ignore", RuntimeWarning)
             fig = build_figure(series, title=path, smooth=args.smooth)
-            with atomic_write(out) as f:  # an existing plot is replaced only by a complete one
+            # an existing plot is replaced only by a complete one; through a link, the PNG it points to is
+            # (os.replace over the link itself would turn the user's link into a file of its own)
+            with atomic_write(os.path.realpath(out)) as f:
                 fig.savefig(f, format="png", dpi=100)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None

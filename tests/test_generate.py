@@ -6,8 +6,10 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -306,6 +308,41 @@ def test_cli_stdin_is_read_as_bytes_and_decoded_strictly(ckpt, ckpt_model, capsy
         cli_main(["--checkpoint", ckpt, "--prompt", b"Hi \xff".decode("utf-8", "surrogateescape")] + GREEDY, capsys)
 
 
+def test_an_open_stdin_that_sends_nothing_is_announced(monkeypatch):
+    """`ssh host python generate_tokens.py ...` or srun: stdin is an open pipe that sends nothing until the
+    user ends it. A line on stderr says the prompt is awaited there (not a silent hang); what the user sends
+    then is the prompt. A pipe that already holds the prompt (echo ... |) is read without a word."""
+    r, w = os.pipe()
+    told = []
+
+    class User(io.StringIO):  # stderr, read by a user who answers the first line
+        def write(self, text):
+            if not told:
+                os.write(w, b"Once upon a time\n")
+                os.close(w)  # Ctrl-D
+            told.append(text)
+            return len(text)
+
+    got = []
+    with os.fdopen(r, "r") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stderr", User())
+        reader = threading.Thread(target=lambda: got.append(generate_tokens.read_prompt(None)), daemon=True)
+        reader.start()
+        reader.join(timeout=60)  # only a failing run waits this long
+        if not told:
+            os.close(w)  # ends the wait
+            reader.join()
+    assert got == ["Once upon a time"] and "--prompt" in "".join(told), told
+    r, w = os.pipe()
+    os.write(w, b"Hi\n")
+    os.close(w)
+    with os.fdopen(r, "r") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
+        assert generate_tokens.read_prompt(None) == "Hi" and sys.stderr.getvalue() == ""
+
+
 def test_cli_stops_at_endoftext_unless_no_stop(tmp_path, capsys):
     # a model that always predicts <|endoftext|>: ln_f outputs the constant v, and wte[EOT] = 10 v
     model = tiny_model(seed=7, block_size=64, vocab_size=50304)
@@ -488,3 +525,13 @@ def test_export_refuses_an_existing_directory(ckpt, tmp_path, capsys):
     with pytest.raises(UserError, match="--export_hf"):
         cli_main(["--checkpoint", ckpt, "--export_hf", str(occupied)], capsys)
     assert os.listdir(occupied) == ["notes.txt"] and (occupied / "notes.txt").read_text() == "mine"
+
+
+def test_export_refuses_sampling_flags_it_would_ignore(ckpt, tmp_path, capsys):
+    """--export_hf writes the model and exits: a --prompt or --temperature given with it would do nothing."""
+    out = tmp_path / "out"
+    for flags, named in [(["--prompt", "Hi"], "--prompt"), (["--dtype", "bf16", "--device", "cpu"], "--dtype"),
+                         (["--temperature", "0.5", "--top_k", "5"], "--temperature, --top_k")]:
+        with pytest.raises(UserError, match=re.escape(f"drop {named}")):
+            cli_main(["--checkpoint", ckpt, "--export_hf", str(out), *flags], capsys)
+    assert os.listdir(tmp_path) == []

@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import threading
 
 import pytest
 import torch
@@ -207,6 +208,13 @@ def test_rows_longer_than_the_context_keep_their_end(hf_dir, tmp_path):
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)
 
 
+def test_a_context_of_one_token_is_refused(data):
+    """A row cut to one token scores no ending token: the four sums would tie at 0 and the pick be ending 0."""
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=1, n_layer=1, n_head=1, n_embd=8))
+    with pytest.raises(train_gpt2.UserError, match="context of 1 token"):
+        hellaswag.evaluate(model, hellaswag.load_examples(data)[:4], get_tokenizer(), "cpu")
+
+
 def test_padded_vocab_is_ignored(hf_dir, data, ref, tol):
     """A 50304-vocab model (ours) scores over the 50257 real tokens: padding rows with huge logits change nothing."""
     examples = hellaswag.load_examples(data)[:8]
@@ -296,6 +304,7 @@ def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
     ('{"ctx": "x", "endings": ["a", "b", "c"], "label": 0}', "4 strings"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 4}', "'label' must be 0, 1, 2 or 3"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"]}', "'label'"),
+    ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}', "'label' must be"),  # a digit int() refuses
 ])
 def test_malformed_line_names_file_and_line(tmp_path, line, needle):
     path = str(tmp_path / "bad.jsonl")
@@ -332,6 +341,25 @@ def test_a_byte_order_mark_starts_a_file_only(tmp_path, data):
         f.write(lines[0] + b"\xef\xbb\xbf" + lines[1])
     with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:2: not valid JSON")):
         hellaswag.load_examples(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_data_from_a_pipe(tmp_path, data):
+    """--data <(zcat hellaswag_val.jsonl.gz) names a pipe, not a regular file: it is read like one."""
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    with open(data, "rb") as f:
+        body = f.read()
+
+    def feed():
+        with open(fifo, "wb") as f:  # blocks until a reader opens the pipe
+            f.write(body)
+
+    writer = threading.Thread(target=feed, daemon=True)  # daemon: left blocked if the pipe is never read
+    writer.start()
+    examples = hellaswag.load_examples(fifo)
+    writer.join()
+    assert examples == [dict(ex, where=ex["where"].replace(data, fifo)) for ex in hellaswag.load_examples(data)]
 
 
 def test_cli_errors(tmp_path, hf_dir, data):

@@ -227,6 +227,20 @@ def test_out_refuses_the_log_and_non_png_files(tmp_path):
     assert (tmp_path / "log.txt").read_text() == LOG
 
 
+def test_out_through_a_link_replaces_the_png_it_points_to(tmp_path):
+    """--out latest.png -> runs/run1.png, a link to an earlier plot: the plot is written there, the link stays."""
+    log = write(tmp_path / "log.txt", LOG)
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "run1.png"
+    target.write_bytes(PNG + b"an old plot")
+    link = tmp_path / "latest.png"
+    os.symlink(os.path.join("runs", "run1.png"), link)
+    plot_log.main([log, "--out", str(link)])
+    assert os.readlink(link) == os.path.join("runs", "run1.png")
+    assert target.read_bytes().startswith(PNG) and len(target.read_bytes()) > 1000
+    assert sorted(os.listdir(tmp_path / "runs")) == ["run1.png"]
+
+
 def test_out_must_be_named_png_before_any_work(tmp_path):
     """The plot is a PNG: --out x.svg (or .png.txt, or no extension) is refused before the log is read (a bad
     log line would be named otherwise), and nothing is written; .PNG in capitals is a PNG name."""
