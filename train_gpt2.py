@@ -711,8 +711,9 @@ class DataLoaderLite:
     skipped (with one warning); a shard holding ids the GPT-2 tokenizer never makes is refused."""
 
     def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None):
-        self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
+        self.B, self.T, self.rank, self.world_size, self.warn = B, T, rank, world_size, warn
         found = list_shards(data_dir, split)
+        self.names = [os.path.basename(p) for p in found]  # every shard of the split, short ones too
         if os.path.exists(data_dir) and not os.path.isdir(data_dir):
             raise UserError(f"--data_dir {data_dir!r} is a file; name the folder that holds the token shards")
         if not found:
@@ -756,9 +757,20 @@ class DataLoaderLite:
         self.base = 0
 
     def state_dict(self):
-        return {"shard": self.shard, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard])}
+        return {"shard": self.shard, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard]),
+                "names": self.names}
+
+    def check_names(self, state):
+        """Say so when a checkpoint read other shards (the data folder changed since): its place is kept, but
+        the shards around it (their order, in a shuffled epoch) are not those the interrupted run had."""
+        if self.warn and "names" in state and state["names"] != self.names:
+            changed = sorted(set(state["names"]) ^ set(self.names))[0]  # names are sorted: the sets differ
+            self.warn(f"the data folder's shards are not those the checkpoint read ({len(state['names'])} then, "
+                      f"{len(self.names)} now: {changed} is new or gone), so the resumed run does not read what "
+                      "the interrupted one would have; put its shards back to continue it exactly")
 
     def load_state_dict(self, state):
+        self.check_names(state)
         names = [os.path.basename(p) for p in self.shards]
         # by name: which shards are skipped as short depends on the batch, so indices may differ between runs
         shard = (names.index(state["shard_name"]) if state.get("shard_name") in names
@@ -808,7 +820,6 @@ class ShuffledDataLoader(DataLoaderLite):
 
     def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None, seed=0):
         self.seed, self.starts = seed, {}
-        self.names = [os.path.basename(p) for p in list_shards(data_dir, split)]  # base __init__ calls reset()
         super().__init__(data_dir, split, B, T, rank, world_size, warn)
 
     def _enter(self, epoch, position):
@@ -846,12 +857,12 @@ class ShuffledDataLoader(DataLoaderLite):
         self.base = 0
 
     def state_dict(self):
-        return {"shard": self.position, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard]),
-                "epoch": self.epoch, "seed": self.seed}
+        return {**super().state_dict(), "shard": self.position, "epoch": self.epoch, "seed": self.seed}
 
     def load_state_dict(self, state):
         if "epoch" not in state:
             raise KeyError("epoch (the checkpoint read its shards in fixed order)")
+        self.check_names(state)
         self.seed = state["seed"]
         self._enter(state["epoch"], state["shard"])
         # the saved shard may be too short for this run's batch (another world size): then at the next one's start
@@ -937,6 +948,9 @@ def config_from_checkpoint(ckpt, path="checkpoint"):
     if not (isinstance(config, dict) and set(config) == set(GPTConfig.__dataclass_fields__)
             and all(type(v) is int and v > 0 for v in config.values()) and config["n_embd"] % config["n_head"] == 0):
         raise UserError(f"{path}: its config {str(config)[:120]} is not a GPT shape this program can build")
+    if config["vocab_size"] < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
+        raise UserError(f"{path}: vocab_size {config['vocab_size']} is smaller than the GPT-2 tokenizer's "
+                        f"{GPT2_VOCAB_SIZE} token ids; it is not a GPT-2 checkpoint of this program")
     return GPTConfig(**config)
 
 
@@ -1070,6 +1084,9 @@ RUN_PRESETS = {
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
+# flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
+NEEDS = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
+         "wandb_id": ("wandb", "PROJECT")}
 MAX_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 
 
@@ -1238,6 +1255,15 @@ def check_args(args):
         if getattr(args, name) > MAX_RATE:
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {MAX_RATE:g} "
                             "(AdamW's usual range is ~1e-3)")
+    for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "wandb", "wandb_id"):
+        if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
+            raise UserError(f"--{name} is empty; give a value, or drop the flag")
+    for name, (switch, value) in NEEDS.items():
+        if name in args.explicit and not getattr(args, switch):
+            preset = switch not in args.explicit and switch in RUN_PRESETS.get(args.model, {})
+            by = f" (--model {args.model} turns it off)" if preset else ""
+            raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
+                            f"give --{switch} {value} too, or drop --{name}")
 
 
 def check_schedule(args, master):
@@ -1793,6 +1819,7 @@ def train(args, ckpt=None, ckpt_path=None):
 
         flops_per_token = raw_model.flops_per_token(args.seq_len)  # --init_from's context may be longer
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
+        peak = peak and peak * world_size  # tokens/s counts the tokens of every rank: so does the peak, for MFU
         say(run_header(args, device, dtype, use_compile, world_size, raw_model, grad_accum_steps))
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac

@@ -249,6 +249,7 @@ def test_hellaswag_out_of_memory_is_a_user_error(files, monkeypatch):
 def test_generate_bad_input_table(files, capsys, tmp_path):
     f = files
     good = ["--checkpoint", f["good"], "--device", "cpu", "--prompt", "Hi", "--max_new_tokens", "2", "--num_samples", "1"]
+    export = good[:4]  # no sampling flags: --export_hf refuses those
 
     def with_flag(flag, value, base=good):
         return replace_flag(base, flag, value)
@@ -275,13 +276,14 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
     cases += [
         (with_flag("--prompt", "word " * 100), "longer than the model's context of 64"),
         (with_flag("--prompt", b"Hi \xff".decode("utf-8", "surrogateescape")), "--prompt is not valid UTF-8"),
-        (good + ["--export_hf", ""], "--export_hf"),
-        (good + ["--export_hf", str(a_file)], "already exists"),
-        (good + ["--export_hf", str(occupied)], "already exists"),
-        (good + ["--export_hf", str(tmp_path / "no" / "such" / "dir")], "does not exist"),
-        (good + ["--export_hf", str(a_file / "sub")], "does not exist"),
-        (good + ["--export_hf", str(link_to_empty)], "is a link"),
-        (good + ["--export_hf", str(tmp_path / "new"), "--int8"], "--int8"),
+        (export + ["--export_hf", ""], "--export_hf"),
+        (export + ["--export_hf", str(a_file)], "already exists"),
+        (export + ["--export_hf", str(occupied)], "already exists"),
+        (export + ["--export_hf", str(tmp_path / "no" / "such" / "dir")], "does not exist"),
+        (export + ["--export_hf", str(a_file / "sub")], "does not exist"),
+        (export + ["--export_hf", str(link_to_empty)], "is a link"),
+        (good + ["--export_hf", str(tmp_path / "new")], "drop --prompt"),  # sampling flags would be ignored
+        (export + ["--export_hf", str(tmp_path / "new"), "--int8"], "--int8"),
         (good + ["--int8", "--dtype", "bf16"], "--int8"),
         (good + ["--int8", "--compile"], "--int8"),
         (good + ["--init_from", "gpt2"], "exactly one"),

@@ -6,6 +6,7 @@ loses nothing already written.
     python -m pytest -q tests/test_faults.py
 """
 
+import dataclasses
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import torch
 
 import train_gpt2
 from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train,
-                      truncate_half)
+                      truncate_half, write_hellaswag)
 
 HUGE = str(2**63)
 # flag -> values that must be refused before any work
@@ -39,8 +40,9 @@ BAD_VALUES |= {
     "--dtype": ["fp8", ""],
     "--device": ["tpu", "cuda:x", ""] + ([] if torch.cuda.is_available() else ["cuda"]),
     "--init_from": ["not-a-model", "/nonexistent/dir"],
-    "--data_dir": ["/nonexistent/data"],
-    "--hellaswag_data": ["/nonexistent/hs.jsonl"],
+    "--data_dir": ["/nonexistent/data", ""],
+    "--hellaswag_data": ["/nonexistent/hs.jsonl", ""],  # empty ("$UNSET"): not a download, nor HellaSwag off
+    **{f: [""] for f in ("--log_dir", "--tensorboard", "--wandb", "--wandb_id")},
 }
 CASES = [(flag, value) for flag, values in BAD_VALUES.items() for value in values]
 
@@ -68,6 +70,25 @@ def test_every_flag_refuses_bad_values_before_any_work(shards, tmp_path, flag, v
     else:  # the UserError names the flag (a missing path may be named by the path itself)
         assert flag in message or (value.startswith("/") and value in message), message
     assert not log_dir.exists()  # nothing written, not even an empty folder
+
+
+PRESET_FLAGS = [f for i, f in enumerate(TINY_FLAGS) if "--hellaswag_every" not in TINY_FLAGS[max(i - 1, 0) : i + 1]]
+
+
+@pytest.mark.parametrize("flags, switch", [(["--hellaswag_data", "HS"], "--hellaswag_every"),
+                                           (["--hellaswag_limit", "5"], "--hellaswag_every"),
+                                           (["--wandb_id", "abc123"], "--wandb")])
+def test_a_flag_that_acts_through_one_that_is_off_is_refused(shards, tmp_path, flags, switch):
+    """--model tiny turns HellaSwag off: its data or limit given alone would be accepted and ignored, the run
+    without the evaluation asked for. Refused in one line naming the switch, before anything is written."""
+    hs = write_hellaswag(str(tmp_path / "hs.jsonl"))
+    flags = [hs if f == "HS" else f for f in flags]
+    for base, by_preset in ((PRESET_FLAGS, switch == "--hellaswag_every"), (TINY_FLAGS, False)):
+        argv = [*base, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--max_steps", "1", *flags]
+        message = run_main(argv)
+        assert flags[0] in message and f"{switch} is off" in message, message
+        assert ("--model tiny turns it off" in message) == by_preset, message
+        assert not (tmp_path / "log").exists()
 
 
 def test_bad_values_end_to_end_one_line_no_traceback(shards, tmp_path):
@@ -116,9 +137,17 @@ def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
     assert sorted(os.listdir(log_dir)) == ["log.txt", "log.txt.tmp", "model_00000.pt", "model_00002.pt.tmp", "notes.tmp"]
 
 
+def small_vocab_checkpoint():
+    """Weights that fit their config, but a vocabulary the GPT-2 tokenizer's ids would index past."""
+    config = train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=4)
+    return {"model": train_gpt2.GPT(config).state_dict(), "config": dataclasses.asdict(config)}
+
+
 @pytest.mark.parametrize("content", [[1, 2, 3], {"model": {}, "config": {"n_layer": 2}}, {"model": {}, "config": [1]},
-                                     {"model": [], "config": {"block_size": 32, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 3}}])
+                                     {"model": [], "config": {"block_size": 32, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 3}},
+                                     "small vocabulary"])
 def test_checkpoints_that_load_but_are_not_ours(tmp_path, content):
+    content = small_vocab_checkpoint() if content == "small vocabulary" else content
     log_dir = tmp_path / "log"
     log_dir.mkdir()
     torch.save(content, str(log_dir / "model_00005.pt"))

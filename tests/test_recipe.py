@@ -177,6 +177,26 @@ def test_shuffling_cannot_change_on_resume(tmp_path):
         shuffled_run(data, str(tmp_path / "log"), "--max_steps", "3", "--eval_every", "0", "--resume", "--no_shuffle")
 
 
+@pytest.mark.parametrize("order", [[], ["--no_shuffle"]])
+def test_a_resume_over_other_shards_says_so(tmp_path, capsys, order):
+    """Shards added to the data folder between two runs (fineweb.py finished meanwhile), or gone from it: the
+    checkpoint's place is kept, but the data around it (a shuffled epoch's whole order) is not the interrupted
+    run's, and the resume says so in one warning. Over the same shards it says nothing."""
+    data = str(tmp_path / "data")
+    document_shards(data, [700, 700])
+    run = [*SHUFFLED_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--eval_every", "0", *order]
+    train_gpt2.main([*run, "--max_steps", "2"])
+    train_gpt2.main([*run, "--max_steps", "3", "--resume"])
+    assert "warning" not in capsys.readouterr().err
+    extra = os.path.join(data, "doc_train_000003.bin")
+    for change, steps in ((lambda: shutil.copy(os.path.join(data, "doc_train_000002.bin"), extra), "4"),
+                          (lambda: os.remove(extra), "5")):
+        change()
+        train_gpt2.main([*run, "--max_steps", steps, "--resume"])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].startswith("warning:") and "doc_train_000003.bin is new or gone" in err[0], err
+
+
 def test_resume_on_two_processes_continues_at_the_same_token(tmp_path, capsys):
     data = str(tmp_path / "data")
     document_shards(data, [600, 800])  # whole strides of 1 x 129 and of 2 x 128 + 1: an epoch of 5 steps either way

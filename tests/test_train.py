@@ -2,6 +2,7 @@
 
 import copy
 import os
+import re
 
 import torch
 
@@ -63,14 +64,28 @@ def test_gradient_accumulation_equals_one_big_batch(shards, tmp_path):
     assert abs(big - acc) <= 8 * eps32 * big + 1e-6  # + the log's rounding to 6 decimals
 
 
+def mfu_per_token_per_second(stdout):
+    """(MFU / tokens per second, its relative rounding error) of each step line: MFU over tok/s is
+    100 x FLOPs per token / the peak FLOP/s that MFU divides by."""
+    pairs = [(float(m), float(t)) for t, m in re.findall(r"\| tok/sec (\d+) \| mfu ([\d.]+)%", stdout)]
+    assert len(pairs) == 4, stdout
+    return [(mfu / tok, 0.05 / mfu + 0.5 / tok) for mfu, tok in pairs]  # printed to 0.1% and to 1 token
+
+
 def test_two_process_ddp_matches_one_process(shards, tmp_path, capsys):
-    common = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "4", "--eval_every", "2", "--save_every", "2", "--total_batch_size", "512"]
+    common = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "4", "--eval_every", "2", "--save_every", "2",
+              "--total_batch_size", "512", "--peak_tflops", "0.001"]
     ddp = torchrun(2, *common, "--log_dir", str(tmp_path / "ddp"))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     # --val_steps counts batches per rank (as in build-nanogpt): one process needs twice as many
     capsys.readouterr()
     train_gpt2.main([*common, "--log_dir", str(tmp_path / "one"), "--val_steps", "4"])
-    assert_same_norms(capsys.readouterr().out, ddp.stdout, range(4))  # a gradient summed over the ranks is 2x
+    one_stdout = capsys.readouterr().out
+    assert_same_norms(one_stdout, ddp.stdout, range(4))  # a gradient summed over the ranks is 2x
+    # tok/sec counts both ranks' tokens, and --peak_tflops is one GPU's: MFU divides by two of them
+    ratios = zip(mfu_per_token_per_second(one_stdout), mfu_per_token_per_second(ddp.stdout))
+    for (one, one_err), (two, two_err) in ratios:
+        assert abs(two / one - 0.5) <= 0.5 * (one_err + two_err) * 1.01, (one, two)
     a, b = read_log(str(tmp_path / "ddp")), read_log(str(tmp_path / "one"))
     for kind in ("train", "val"):
         assert a[kind].keys() == b[kind].keys()
