@@ -45,6 +45,7 @@ HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
 HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
 BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
 # After "\S\n" before "\S" or "\n\S", GPT-2's pre-tokenizer cuts anyway: that "\n" is a pre-token of its own
 # and none reaches across it (Python's \s is at least as wide as the tokenizer's, so \S is no wider)
 SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)")
@@ -398,7 +399,7 @@ class Router:
             drawn = self.drawn_split(unit)
             self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
             if new_doc or self.split != before:
-                tokens = np.concatenate([np.array([EOT_TOKEN], np.uint16), tokens])
+                tokens = np.concatenate([EOT, tokens])
             self.unit = unit
         self.val_tokens += len(tokens) * (self.split == "val")
         if unit >= self.first[self.split]:
