@@ -183,6 +183,16 @@ class CLIParser(argparse.ArgumentParser):
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
+    def parse_marked(self, argv=None):
+        """parse_args, with args.explicit: the names (dests) of the flags the command line gives, even
+        where it gives a flag's default value."""
+        unset = object()
+        marked = self.parse_args(argv, namespace=argparse.Namespace(**{a.dest: unset for a in self._actions
+                                                                        if a.dest != "help"}))
+        args = self.parse_args(argv)
+        args.explicit = {name for name, value in vars(marked).items() if value is not unset}
+        return args
+
 
 def temporary_name(path):
     """A new name beside path to write it under first: <path>.<8 hex digits>.tmp, created exclusively,

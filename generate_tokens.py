@@ -107,8 +107,7 @@ def check_args(args):
         if args.export_hf:
             raise UserError("--export_hf writes the fp32 weights; drop --int8")
     if args.export_hf:
-        defaults = build_parser()
-        given = [f"--{name}" for name in SAMPLING_FLAGS if getattr(args, name) != defaults.get_default(name)]
+        given = [f"--{name}" for name in SAMPLING_FLAGS if name in args.explicit]
         if given:
             raise UserError(f"--export_hf writes the model and exits without sampling; drop {', '.join(given)}")
         check_export_dir(args.export_hf)
@@ -212,7 +211,7 @@ def export(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_marked(argv)
     check_args(args)
     if args.export_hf:
         export(args)

@@ -11,7 +11,6 @@ tokenizer, the shard format, DataLoaderLite, the LR schedule and checkpoints. It
 config, model, tokenizer, data, schedule, checkpoints, training loop. Importing it does nothing.
 """
 
-import argparse
 import hashlib
 import inspect
 import json
@@ -713,7 +712,7 @@ class DataLoaderLite:
     def __init__(self, data_dir, split, B, T, rank=0, world_size=1, warn=None):
         self.B, self.T, self.rank, self.world_size, self.warn = B, T, rank, world_size, warn
         found = list_shards(data_dir, split)
-        self.names = [os.path.basename(p) for p in found]  # every shard of the split, short ones too
+        self.found_names = [os.path.basename(p) for p in found]  # every shard of the split, short ones too
         if os.path.exists(data_dir) and not os.path.isdir(data_dir):
             raise UserError(f"--data_dir {data_dir!r} is a file; name the folder that holds the token shards")
         if not found:
@@ -758,22 +757,22 @@ class DataLoaderLite:
 
     def state_dict(self):
         return {"shard": self.shard, "base": self.base, "shard_name": os.path.basename(self.shards[self.shard]),
-                "names": self.names}
+                "names": self.found_names}
 
     def check_names(self, state):
         """Say so when a checkpoint read other shards (the data folder changed since): its place is kept, but
         the shards around it (their order, in a shuffled epoch) are not those the interrupted run had."""
-        if self.warn and "names" in state and state["names"] != self.names:
-            changed = sorted(set(state["names"]) ^ set(self.names))[0]  # names are sorted: the sets differ
+        if self.warn and "names" in state and state["names"] != self.found_names:
+            changed = sorted(set(state["names"]) ^ set(self.found_names))[0]  # names are sorted: the sets differ
             self.warn(f"the data folder's shards are not those the checkpoint read ({len(state['names'])} then, "
-                      f"{len(self.names)} now: {changed} is new or gone), so the resumed run does not read what "
+                      f"{len(self.found_names)} now: {changed} is new or gone), so the resumed run does not read what "
                       "the interrupted one would have; put its shards back to continue it exactly")
 
     def load_state_dict(self, state):
         self.check_names(state)
-        names = [os.path.basename(p) for p in self.shards]
+        usable = [os.path.basename(p) for p in self.shards]
         # by name: which shards are skipped as short depends on the batch, so indices may differ between runs
-        shard = (names.index(state["shard_name"]) if state.get("shard_name") in names
+        shard = (usable.index(state["shard_name"]) if state.get("shard_name") in usable
                  else state["shard"] % len(self.shards))
         self._load(shard)
         self.base = state["base"]
@@ -826,14 +825,14 @@ class ShuffledDataLoader(DataLoaderLite):
         """Load the shard at `position` of epoch's order, or the next one long enough for a batch."""
         index = {os.path.basename(p): i for i, p in enumerate(self.shards)}
         while True:
-            order = shuffle_rng(self.seed, epoch, 0).permutation(len(self.names))
-            while position < len(order) and self.names[order[position]] not in index:
+            order = shuffle_rng(self.seed, epoch, 0).permutation(len(self.found_names))
+            while position < len(order) and self.found_names[order[position]] not in index:
                 position += 1
             if position < len(order):
                 break
             epoch, position = epoch + 1, 0
         self.epoch, self.position, shard = epoch, position, int(order[position])
-        self._load(index[self.names[shard]])
+        self._load(index[self.found_names[shard]])
         if self.shard not in self.starts:
             self.starts[self.shard] = document_starts(self.tokens)
         starts = self.starts[self.shard].astype(np.int64)
@@ -1182,7 +1181,6 @@ def build_parser():
     return p
 
 
-_UNSET = object()
 RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
 # what a resumed run cannot change: the model's shape, the batch, and the data order (--seed draws each epoch's shuffle)
 SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
@@ -1193,16 +1191,14 @@ def parse_args(argv=None, saved_args=None):
     saved arguments, else the --model preset's run settings, else the parser's default.
     args.explicit is the set of flags given on the command line."""
     parser = build_parser()
-    marked = parser.parse_args(
-        argv, namespace=argparse.Namespace(**{a.dest: _UNSET for a in parser._actions if a.dest != "help"}))
-    explicit = {k for k, v in vars(marked).items() if v is not _UNSET}
+    given = parser.parse_marked(argv)  # the preset is the one of the --model given, or the default's
     if saved_args is not None:
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in RUN_LOCAL_ARGS})
     else:
-        parser.set_defaults(**RUN_PRESETS.get(marked.model if "model" in explicit else parser.get_default("model"), {}))
+        parser.set_defaults(**RUN_PRESETS.get(given.model, {}))
     args = parser.parse_args(argv)
-    args.explicit = explicit
+    args.explicit = given.explicit
     return args
 
 
