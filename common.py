@@ -17,6 +17,12 @@ class UserError(Exception):
     """A problem the user can fix (bad flag, missing data, broken file). run_cli prints it as one line."""
 
 
+class ReportedByRankZero(UserError):
+    """The UserError of a step only torchrun's rank 0 takes (its log folder, a checkpoint), raised on the
+    other ranks too so that every rank leaves at the same point: rank 0 prints the line, and run_cli ends
+    the others with the same exit code and no second copy of it."""
+
+
 def brief(e):
     """An exception as a short single line, for error messages."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
@@ -38,7 +44,8 @@ def run_cli(main_fn):
         if guard is not None and guard.failed is not None and caused_by(e, guard.failed):
             code = stdout_failed(guard.failed, code)  # a script's message for its other files would blame them
         else:
-            print(f"error: {e}", file=sys.stderr)
+            if not isinstance(e, ReportedByRankZero):
+                print(f"error: {e}", file=sys.stderr)
             code = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

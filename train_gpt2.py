@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -31,8 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (CLIParser, UserError, atomic_write, brief, reachable, run_cli, sha256_file, silence_stdout,
-                    temporary_of)
+from common import (CLIParser, ReportedByRankZero, UserError, atomic_write, brief, reachable, run_cli, sha256_file,
+                    silence_stdout, temporary_of)
 
 
 # -----------------------------------------------------------------------------
@@ -1500,6 +1501,50 @@ def setup_distributed(device_arg):
     return True, rank, local_rank, world_size, device
 
 
+class RankZeroSteps:
+    """The steps only rank 0 takes (--verify_data, the log folder and its lock, log.txt, checkpoints),
+    made to end every rank alike. Under torchrun a UserError of such a step is held on rank 0 until
+    agree(), a collective every rank reaches, and then raised on every rank: rank 0 prints it, the others
+    leave quietly with the same exit code (ReportedByRankZero). Raised at once, it would leave the other
+    ranks to die in their next collective with gloo's traceback (the peer closed the connection), or with
+    NCCL to wait for a peer that is gone. In one process a step's error is raised at once, as any other."""
+
+    def __init__(self, ddp, master, device):
+        self.ddp, self.master, self.device = ddp, master, device
+        self.error = None
+
+    def run(self, step, *args):
+        """step(*args) on rank 0; nothing on the other ranks, nor on rank 0 once one of its steps failed."""
+        if not self.master or self.error is not None:
+            return None
+        if not self.ddp:
+            return step(*args)
+        try:
+            return step(*args)
+        except UserError as e:
+            self.error = e
+            return None
+
+    def agree(self, stop=False):
+        """On every rank: raise rank 0's held error, or return whether any rank was asked to stop (a
+        signal). One all-reduce answers both, so the training loop's agreement at each step costs no
+        extra collective."""
+        if not self.ddp:
+            return bool(stop)
+        import torch.distributed as dist
+
+        flags = torch.tensor([int(bool(stop)), int(self.error is not None)], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop_any, failed = flags.tolist()
+        if failed:
+            message = [str(self.error) if self.master else None]
+            dist.broadcast_object_list(message, src=0)  # every rank raises the same error
+            if self.master:
+                raise self.error
+            raise ReportedByRankZero(message[0])
+        return bool(stop_any)
+
+
 def all_reduce_mean(value, ddp, world_size):
     if ddp:
         import torch.distributed as dist
@@ -1773,8 +1818,6 @@ def stop_on_signals():
 
 
 def train(args, ckpt=None, ckpt_path=None):
-    import torch.distributed as dist
-
     ddp, rank, local_rank, world_size, device = setup_distributed(args.device)
     master, device_type = rank == 0, device.split(":")[0]
     dtype = pick_dtype(args.dtype, device_type)
@@ -1783,14 +1826,16 @@ def train(args, ckpt=None, ckpt_path=None):
     autocast = autocast_context(device_type, dtype)
     say = console if master else (lambda *a, **k: None)
     run_log = RunLog(args if master else None)
+    rank0 = RankZeroSteps(ddp, master, device)
     try:
         seed_and_precision(args.seed, device_type)
         grad_accum_steps = accumulation_steps(args, world_size)
         check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        if args.verify_data and master:
-            verify_shards(args.data_dir)
+        if args.verify_data:
+            rank0.run(verify_shards, args.data_dir)
+            rank0.agree()
         warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if master else None
         train_loader = training_loader(args, rank, world_size, warn)
         val_loader = (DataLoaderLite(args.data_dir, "val", args.batch_size, args.seq_len, rank, world_size, warn)
@@ -1811,7 +1856,8 @@ def train(args, ckpt=None, ckpt_path=None):
             DISTRIBUTED_ALIVE.extend((model, raw_model, optimizer))
         score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp)
         tokenizer = get_tokenizer() if args.sample_every else None
-        run_log.open(args, ckpt, ckpt_path, start_step)  # everything is checked: now the log folder changes
+        rank0.run(run_log.open, args, ckpt, ckpt_path, start_step)  # everything is checked: now the log folder changes
+        rank0.agree()
 
         flops_per_token = raw_model.flops_per_token(args.seq_len)  # --init_from's context may be longer
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
@@ -1821,15 +1867,12 @@ def train(args, ckpt=None, ckpt_path=None):
         min_lr = args.max_lr * args.min_lr_frac
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
 
-        def save(step, loader_state):
+        def save(step, loader_state, states=None):  # rank 0; states: full_state_dicts' (model, optimizer) state
             path = checkpoint_path(args.log_dir, step)
-            # under --zero 1 / --fsdp every rank takes part
-            states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)
-            if master:
-                save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen)
-                if args.keep_checkpoints:
-                    prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
-                say(f"saved {path}")
+            save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen)
+            if args.keep_checkpoints:
+                prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
+            say(f"saved {path}")
             return path
 
         with stop_on_signals() as stop:
@@ -1839,13 +1882,14 @@ def train(args, ckpt=None, ckpt_path=None):
                     val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp,
                                                world_size)
                     say(f"step {step:5d} | validation loss {val_loss:.4f}")
-                    run_log.record(step, f"val {val_loss:.4f}", {"val/loss": val_loss})
+                    rank0.run(run_log.record, step, f"val {val_loss:.4f}", {"val/loss": val_loss})
                 if score_hellaswag and (step % args.hellaswag_every == 0 or last_step):
                     with autocast:
                         result = score_hellaswag(eval_model)
                     say(f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
                         f"({result['correct_norm']}/{result['total']})")
-                    run_log.record(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]})
+                    rank0.run(run_log.record, step, f"hella {result['acc_norm']:.4f}",
+                              {"hellaswag/acc_norm": result["acc_norm"]})
                 if (master or fsdp) and args.sample_every and step > 0 and (step % args.sample_every == 0 or last_step):
                     say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
@@ -1874,17 +1918,19 @@ def train(args, ckpt=None, ckpt_path=None):
                 eta = (time.time() - t_start) / (step + 1 - start_step) * (args.max_steps - step - 1)
                 say(step_line(step, args, loss.item(), lr, norm.item(), dt, flops_per_token, peak, eta, finite,
                               step_tokens))
-                run_log.record(step, f"{'train' if finite else 'skipped'} {loss.item():.6f}",
-                               step_scalars(loss.item(), lr, norm.item(), dt, step_tokens, tokens_seen,
-                                            flops_per_token, peak))
+                rank0.run(run_log.record, step, f"{'train' if finite else 'skipped'} {loss.item():.6f}",
+                          step_scalars(loss.item(), lr, norm.item(), dt, step_tokens, tokens_seen, flops_per_token,
+                                       peak))
                 bad_steps = 0 if finite else bad_steps + 1
                 check_health(step, bad_steps, args, finite and not weights_finite(raw_model))
 
-                stop_now = stop_requested(stop, device, ddp)
+                stop_now = rank0.agree(stop.set)  # a signal to any rank, or rank 0's failure: all leave at this step
                 if last_step or (args.save_every and (step + 1) % args.save_every == 0) or stop_now:
-                    save(step, train_loader.state_dict())
+                    # under --zero 1 / --fsdp every rank takes part in gathering the state
+                    states = full_state_dicts(raw_model, optimizer, zero, fsdp, master)
+                    rank0.run(save, step, train_loader.state_dict(), states)
                     if ddp:
-                        dist.barrier()
+                        rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
                 if stop_now:
                     say(f"stopped by signal after step {step}; "
                         f"`--resume` continues from {checkpoint_path(args.log_dir, step)}")
@@ -2054,32 +2100,108 @@ def check_tracking(args):
                             f"`pip install {package}`, or drop --{flag}")
 
 
+LOG_DIR_LOCK = "run.lock"  # in --log_dir while a run uses it; no checkpoint, log or temporary name matches it
+
+
+def lock_log_dir(log_dir):
+    """Take the lock that keeps a second run out of log_dir while this one uses it (held until
+    unlock_log_dir or the end of the process): an open file descriptor, or None where fcntl does not
+    exist (Windows) or the file system has no locks. A folder another live run holds is refused in one
+    line, and nothing in it is changed. The kernel drops a flock when its process dies, SIGKILL
+    included, so the lock file a killed run leaves never blocks. Readers take no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    path = os.path.join(log_dir, LOG_DIR_LOCK)
+    while True:
+        try:  # Python's descriptors are close-on-exec: a child process (W&B's service) does not hold the lock
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot create {path} ({e.strerror or e}); pick another --log_dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(fd)
+            os.close(fd)
+            raise UserError(f"--log_dir {log_dir} is in use by another training run{holder}; wait for it to end, "
+                            "or give another --log_dir (nothing was changed)") from None
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks, where the file means nothing
+            os.close(fd)
+            with suppress(OSError):
+                os.remove(path)
+            print(f"warning: cannot lock --log_dir {log_dir} ({e.strerror or e}); nothing keeps a second run "
+                  "out of it", file=sys.stderr)
+            return None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the run that held it removed the file as it ended: lock the file now under that name
+    with suppress(OSError):  # who holds it, for the message of a run refused; only a courtesy (a full disk)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    return fd
+
+
+def lock_holder(fd):
+    """' (process PID on HOST)' from a lock file's text, or '' when it does not say."""
+    with suppress(OSError):
+        m = re.fullmatch(r"(\d+) (\S+)\n", os.pread(fd, 300, 0).decode(errors="replace"))
+        if m:
+            return f" (process {m.group(1)} on {m.group(2)})"
+    return ""
+
+
+def unlock_log_dir(log_dir, fd):
+    """Remove the lock file and release the lock: the folder is left as the run made it. Removed while
+    still held, so a run that opened the file meanwhile finds it gone and locks the new one."""
+    if fd is None:
+        return
+    path = os.path.join(log_dir, LOG_DIR_LOCK)
+    with suppress(OSError):
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            os.remove(path)
+    os.close(fd)
+
+
 class RunLog:
     """What rank 0 records of a run: log.txt in build-nanogpt's format (`<step> <kind> <value>`) and the
     same scalars for TensorBoard and W&B. A resumed run keeps the log up to its checkpoint's step and
     appends, continues the same TensorBoard curves (events from the checkpoint's step on are purged) and
-    the same W&B run (its id is kept in the checkpoint's arguments). Other ranks record nothing (args None)."""
+    the same W&B run (its id is kept in the checkpoint's arguments). It holds the lock on --log_dir from
+    open() to close(). Other ranks record nothing (args None)."""
 
     def __init__(self, args=None):
+        self.log_dir = args.log_dir if args is not None else None
         self.path = os.path.join(args.log_dir, "log.txt") if args is not None else None
-        self.tensorboard = self.wandb = None
+        self.tensorboard = self.wandb = self.lock = None
 
     def open(self, args, ckpt, ckpt_path, start_step):
-        """The log folder and the trackers first, then the log itself: a refusal leaves log.txt as it was."""
+        """The log folder, its lock and the trackers first, then the log itself: a refusal leaves log.txt
+        as it was."""
         if self.path is None:
             return
         made = not os.path.isdir(args.log_dir)
         try:
             os.makedirs(args.log_dir, exist_ok=True)
-            for name in os.listdir(args.log_dir):  # left by a process killed while writing
-                if (final := temporary_of(name)) and (final == "log.txt" or CHECKPOINT_RE.match(final)):
-                    os.remove(os.path.join(args.log_dir, name))
         except OSError as e:
             raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "
                             "pick another folder") from None
         try:
+            # before anything in the folder changes: the temporaries of a live run there are its writes in progress
+            self.lock = lock_log_dir(args.log_dir)
+            try:
+                for name in os.listdir(args.log_dir):  # left by a process killed while writing
+                    if (final := temporary_of(name)) and (final == "log.txt" or CHECKPOINT_RE.match(final)):
+                        os.remove(os.path.join(args.log_dir, name))
+            except OSError as e:
+                raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "
+                                "pick another folder") from None
             self.open_trackers(args, start_step if ckpt is not None else None)
         except UserError:
+            self.unlock()
             if made:  # refused: no empty --log_dir left behind (rmdir leaves one that is not empty)
                 with suppress(OSError):
                     os.rmdir(args.log_dir)
@@ -2133,11 +2255,18 @@ class RunLog:
             self.wandb.log(scalars, step=step)
 
     def close(self):
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        self.tensorboard = self.wandb = None
+        try:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+        finally:
+            self.tensorboard = self.wandb = None
+            self.unlock()
+
+    def unlock(self):
+        unlock_log_dir(self.log_dir, self.lock)
+        self.lock = None
 
 
 def step_line(step, args, loss, lr, norm, dt, flops_per_token, peak, eta, finite, tokens=None):
@@ -2161,16 +2290,6 @@ def check_health(step, bad_steps, args, weights_broken):
                         f"last good checkpoint: {last_good}; lower --max_lr")
     raise UserError(f"{bad_steps} non-finite steps in a row at step {step}; the weights were not updated by them. "
                     f"Last good checkpoint: {last_good}; lower --max_lr or check the data")
-
-
-def stop_requested(stop, device, ddp):
-    """Whether a signal asked to stop, on any rank: every rank leaves at the same step."""
-    stop_now = torch.tensor(int(stop.set), device=device)
-    if ddp:
-        import torch.distributed as dist
-
-        dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
-    return bool(stop_now.item())
 
 
 def format_seconds(seconds):

@@ -1,0 +1,261 @@
+"""What guards a run: an error only torchrun's rank 0 can find ends every rank in one line, and a
+--log_dir is held by one run at a time.
+
+The ranks of a 2-process job are started here as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR,
+...), but without torchrun's agent, which kills the other ranks as soon as one fails and so hides how
+they would have ended; one test runs the real torchrun too.
+
+    python -m pytest -q tests/test_run_guard.py
+"""
+
+import errno
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import train_gpt2
+from conftest import ROOT, TINY_FLAGS, assert_one_line_error, read_log, run_script, script_cli, torchrun, train, write_hellaswag
+
+LIMIT_S = 120  # a rank still running after this is waiting for a peer that is gone
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(argv, nproc=2, rank0_setup=None):
+    """Run train_gpt2.py as the nproc ranks of one job; each rank's CompletedProcess, rank 0 first.
+    rank0_setup: a preexec_fn for rank 0 alone."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
+    cmd = [sys.executable, "train_gpt2.py", *argv]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, preexec_fn=rank0_setup if r == 0 else None)
+             for r in range(nproc)]
+    try:
+        outputs = [p.communicate(timeout=LIMIT_S) for p in procs]
+        return [subprocess.CompletedProcess(cmd, p.returncode, *out) for p, out in zip(procs, outputs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def assert_rank0_says_it_and_the_others_leave_quietly(ranks, *needles):
+    assert_one_line_error(ranks[0], *needles)
+    assert ranks[0].stderr.startswith("error: ")
+    for rank in ranks[1:]:
+        assert rank.returncode == ranks[0].returncode == 2 and rank.stderr == "", rank.stderr
+
+
+def folder_state(path):
+    """Every name under path with its bytes (None for a folder) and modification time."""
+    state = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            data = None if os.path.isdir(full) else pathlib.Path(full).read_bytes()
+            state[os.path.relpath(full, path)] = (data, os.stat(full).st_mtime_ns)
+    return state
+
+
+def write_manifest(data_dir, wrong=()):
+    """fineweb.py's manifest.json for data_dir's shards; the names in `wrong` get another sha256."""
+    names = sorted(n for n in os.listdir(data_dir) if n.endswith(".bin"))
+    shards = [{"name": n, "sha256": "0" * 64 if n in wrong else hashlib.sha256(pathlib.Path(data_dir, n).read_bytes()).hexdigest()}
+              for n in names]
+    with open(os.path.join(data_dir, "manifest.json"), "w") as f:
+        json.dump({"shards": shards}, f)
+
+
+def log_file_size_limit(nbytes):
+    """preexec_fn: no file of the process may grow past nbytes (the kernel's EFBIG, as a full disk would refuse)."""
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of failing the write
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return limit
+
+
+@pytest.fixture
+def held_lock(tmp_path):
+    """Hold a --log_dir's lock in this process, as a live run would: yields the folder."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir(exist_ok=True)
+    fd = train_gpt2.lock_log_dir(str(log_dir))
+    yield str(log_dir)
+    train_gpt2.unlock_log_dir(str(log_dir), fd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# An error only rank 0 finds
+
+
+def test_verify_data_that_only_rank_0_checks_ends_both_ranks_in_one_line(shards, tmp_path):
+    write_manifest(shards, wrong=["test_train_000001.bin"])
+    log_dir = str(tmp_path / "log")
+    ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "2", "--verify_data"])
+    assert_rank0_says_it_and_the_others_leave_quietly(ranks, "test_train_000001.bin", "sha256")
+    assert not os.path.exists(log_dir)
+
+
+def test_a_log_txt_that_is_a_folder_ends_both_ranks_in_one_line(shards, tmp_path):
+    log_dir = tmp_path / "log"
+    (log_dir / "log.txt").mkdir(parents=True)
+    (log_dir / "log.txt" / "notes").write_text("mine")
+    before = folder_state(log_dir)
+    ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "2"])
+    assert_rank0_says_it_and_the_others_leave_quietly(ranks, "log.txt")
+    assert folder_state(log_dir) == before
+
+
+def test_a_folder_in_use_ends_both_ranks_in_one_line(shards, held_lock):
+    before = folder_state(held_lock)
+    ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", held_lock, "--max_steps", "2"])
+    assert_rank0_says_it_and_the_others_leave_quietly(ranks, f"--log_dir {held_lock} is in use by another training run")
+    assert folder_state(held_lock) == before
+
+
+def test_a_checkpoint_rank_0_cannot_write_mid_run_ends_both_ranks_in_one_line(shards, tmp_path):
+    log_dir = tmp_path / "log"
+    (log_dir / "model_00001.pt").mkdir(parents=True)  # the checkpoint of step 1 cannot take its name
+    ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "4",
+                          "--eval_every", "0", "--save_every", "2"])
+    assert_rank0_says_it_and_the_others_leave_quietly(ranks, "cannot write checkpoint", "model_00001.pt")
+    assert "step     1/4" in ranks[0].stdout and "step     2/4" not in ranks[0].stdout
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]  # no temporary left, no lock file
+    assert sorted(read_log(str(log_dir))["train"]) == [0, 1]
+
+
+def test_a_log_rank_0_cannot_append_to_mid_run_ends_both_ranks_at_that_step(shards, tmp_path):
+    """log.txt may hold 40 bytes on rank 0's disk: steps 0 and 1 (18 bytes each) fit, step 2's line does not.
+    Both ranks leave at the end of step 2, before any checkpoint."""
+    log_dir = str(tmp_path / "log")
+    ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "6", "--eval_every", "0"],
+                         rank0_setup=log_file_size_limit(40))
+    assert_rank0_says_it_and_the_others_leave_quietly(ranks, "cannot append to", "log.txt", os.strerror(errno.EFBIG))
+    assert "step     2/6" in ranks[0].stdout and "step     3/6" not in ranks[0].stdout
+    assert os.listdir(log_dir) == ["log.txt"]
+
+
+def test_under_torchrun_the_error_is_one_line_and_no_rank_shows_a_traceback(shards, held_lock):
+    result = torchrun(2, *TINY_FLAGS, "--data_dir", shards, "--log_dir", held_lock, "--max_steps", "2")
+    assert result.returncode != 0
+    ours = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert ours == [f"error: --log_dir {held_lock} is in use by another training run (process {os.getpid()} on "
+                    f"{socket.gethostname()}); wait for it to end, or give another --log_dir (nothing was changed)"]
+    # torchrun's own report follows; no rank's traceback (gloo's "Connection closed by peer") comes before it
+    assert "train_gpt2.py\", line" not in result.stderr and "Connection closed" not in result.stderr, result.stderr
+
+
+def test_rank_zero_steps_in_one_process_raise_at_once():
+    def refuse():
+        raise train_gpt2.UserError("refused")
+
+    steps = train_gpt2.RankZeroSteps(ddp=False, master=True, device="cpu")
+    with pytest.raises(train_gpt2.UserError, match="refused"):
+        steps.run(refuse)
+    assert steps.run(lambda x: x + 1, 1) == 2 and steps.agree(stop=True) and not steps.agree()
+    assert train_gpt2.RankZeroSteps(ddp=False, master=False, device="cpu").run(lambda: 1) is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# One run per --log_dir
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_changes_nothing(shards, tmp_path, capsys, one_thread):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0", "--save_every", "1")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "model_00001.pt"]  # no lock file: it went with the run
+    resume = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "4", "--resume"]
+    fd = train_gpt2.lock_log_dir(log_dir)  # a live run's (another open file: this process is refused as another would be)
+    try:
+        before = folder_state(log_dir)
+        code, _, err = script_cli(capsys, train_gpt2.main, *resume)
+        assert code == 2 and err == (f"error: --log_dir {log_dir} is in use by another training run (process {os.getpid()} "
+                                     f"on {socket.gethostname()}); wait for it to end, or give another --log_dir "
+                                     "(nothing was changed)\n")
+        assert folder_state(log_dir) == before
+    finally:
+        train_gpt2.unlock_log_dir(log_dir, fd)
+    train_gpt2.main(resume)  # the lock was all that stood in the way
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2, 3]
+
+
+def test_a_live_run_keeps_others_out_and_a_killed_one_blocks_nothing(shards, tmp_path, one_thread):
+    log_dir = str(tmp_path / "log")
+    first = subprocess.Popen([sys.executable, "train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
+                              "--max_steps", "100000", "--eval_every", "0", "--save_every", "0"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    try:
+        for line in first.stdout:  # the run is training: its log folder is in use
+            if line.startswith("step     1/"):
+                break
+        else:
+            raise AssertionError("the first run ended before its second step")
+        second = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "1"])
+        assert_one_line_error(second, f"--log_dir {log_dir} is in use by another training run (process {first.pid} on")
+        assert first.poll() is None  # untouched by the refusal
+        first.send_signal(signal.SIGKILL)  # no clean-up at all: its lock file stays, its lock goes with it
+    finally:
+        first.kill()
+        first.communicate()
+    assert train_gpt2.LOG_DIR_LOCK in os.listdir(log_dir)
+    train(shards, log_dir, "--max_steps", "1", "--eval_every", "0")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt"]
+
+
+def test_readers_of_a_folder_in_use_are_not_blocked_nor_confused_by_the_lock(shards, tmp_path, capsys, one_thread):
+    import generate_tokens
+    import hellaswag
+    import plot_log
+
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "1", "--save_every", "1")
+    fd = train_gpt2.lock_log_dir(log_dir)  # a run is using the folder
+    try:
+        assert train_gpt2.find_checkpoints(log_dir) == [os.path.join(log_dir, f"model_0000{s}.pt") for s in (1, 0)]
+        code, out, err = script_cli(capsys, generate_tokens.main, "--checkpoint", log_dir, "--device", "cpu", "--prompt",
+                                    "Hello", "--num_samples", "1", "--max_new_tokens", "4")
+        assert code == 0 and out.strip(), err
+        code, out, err = script_cli(capsys, hellaswag.main, "--checkpoint", log_dir, "--device", "cpu",
+                                    "--data", write_hellaswag(str(tmp_path / "hs.jsonl"), n=4))
+        assert code == 0 and "model_00001.pt" in out + err, out + err
+        code, out, err = script_cli(capsys, plot_log.main, log_dir)
+        assert code == 0 and os.path.isfile(os.path.join(log_dir, "plot.png")), err
+    finally:
+        os.close(fd)  # as a killed run leaves it: the lock file, no lock
+    train(shards, log_dir, "--max_steps", "3", "--eval_every", "1", "--resume")  # takes model_00001.pt
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "model_00001.pt", "model_00002.pt", "plot.png"]
+
+
+def test_without_fcntl_or_file_locks_the_run_goes_on_unlocked(shards, tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # Windows: the import fails
+    assert train_gpt2.lock_log_dir(str(tmp_path)) is None
+    train(shards, str(tmp_path / "log"), "--max_steps", "1", "--eval_every", "0")
+    assert sorted(os.listdir(tmp_path / "log")) == ["log.txt", "model_00000.pt"]
+    monkeypatch.undo()
+
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))  # a file system without locks
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    capsys.readouterr()
+    assert train_gpt2.lock_log_dir(str(tmp_path)) is None
+    assert capsys.readouterr().err.startswith(f"warning: cannot lock --log_dir {tmp_path} ({os.strerror(errno.ENOLCK)})")
+    assert not os.path.exists(tmp_path / train_gpt2.LOG_DIR_LOCK)
