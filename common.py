@@ -193,11 +193,12 @@ class CLIParser(argparse.ArgumentParser):
     def parse_marked(self, argv=None):
         """parse_args, with args.explicit: the names (dests) of the flags the command line gives, even
         where it gives a flag's default value."""
-        unset = object()
-        marked = self.parse_args(argv, namespace=argparse.Namespace(**{a.dest: unset for a in self._actions
-                                                                        if a.dest != "help"}))
+        # a fresh list per flag stands in for its default: one the command line gives replaces it (a
+        # store action) or a copy of it (append, extend), so identity tells; a count action cannot be marked
+        unset = {a.dest: [] for a in self._actions if a.dest != "help"}
+        marked = self.parse_args(argv, namespace=argparse.Namespace(**unset))
         args = self.parse_args(argv)
-        args.explicit = {name for name, value in vars(marked).items() if value is not unset}
+        args.explicit = {name for name, value in vars(marked).items() if value is not unset.get(name)}
         return args
 
 

@@ -46,9 +46,11 @@ HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha
 BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
-# After "\S\n" before "\S" or "\n\S", GPT-2's pre-tokenizer cuts anyway: that "\n" is a pre-token of its own
-# and none reaches across it (Python's \s is at least as wide as the tokenizer's, so \S is no wider)
-SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)")
+# Where GPT-2's pre-tokenizer cuts anyway, so no pre-token reaches across: after "\S\n" before "\S" or "\n\S"
+# (that "\n" is a pre-token of its own), and in CRLF text before the last "\n" of "\S\r\n" or "\S\r\n\r\n" before
+# "\S" (whitespace before "\S" is cut before its last character). Python's \s is at least as wide as the
+# tokenizer's, so \S is no wider.
+SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)|(?<=\S\r)(?=\n\S)|(?<=\S\r\n\r)(?=\n\S)")
 
 
 # -----------------------------------------------------------------------------
@@ -106,22 +108,27 @@ def read_jsonl(path, field, skip, progress):
             if line.strip() and (skip := skip - 1) < 0:  # a blank line is no document; skipped ones are not parsed
                 try:
                     obj = json.loads(line)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python parses
                     raise UserError(f"{path}:{lineno}: not valid JSON ({brief(e)})") from None
                 yield text_of(obj.get(field) if isinstance(obj, dict) else None, f"{path}:{lineno}", field)
     return max(skip, 0)
 
 
 def open_parquet(path, field):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:
         raise UserError(f"{path}: not a readable parquet file ({brief(e)})") from None
-    names = pf.schema_arrow.names
-    if field not in names or str(pf.schema_arrow.field(field).type) not in ("string", "large_string", "string_view"):
-        raise UserError(f'{path}: no "{field}" column of text (columns: {", ".join(names)}); use --text_field')
+    schema, names = pf.schema_arrow, pf.schema_arrow.names
+    kind = schema.field(field).type if names.count(field) == 1 else pa.null()
+    if pa.types.is_dictionary(kind):  # text stored once per distinct value (a pandas category, say)
+        kind = kind.value_type
+    if str(kind) not in ("string", "large_string", "string_view"):
+        one = "single " if names.count(field) > 1 else ""
+        raise UserError(f'{path}: no {one}"{field}" column of text (columns: {", ".join(names)}); use --text_field')
     return pf
 
 
@@ -356,8 +363,8 @@ class ShardCutter:
         self.buf, self.fill = np.empty(len(self.buf), np.uint16), 0
 
     def finish(self):
-        """At the end of the input: the shorter last shard too."""
-        if self.fill:
+        """At the end of the input: the shorter last shard too, unless --max_shards stopped the writer."""
+        if self.fill and not self.out.stopped:
             self.flush()
 
 
@@ -438,8 +445,9 @@ def build_parser():
     p.add_argument("--dataset", default=DEFAULT_DATASET, help="Hugging Face dataset with a text column (streamed)")
     p.add_argument("--name", default=DEFAULT_NAME, help="its configuration ('' for none)")
     p.add_argument("--split", default="train", help="its split")
-    p.add_argument("--input", nargs="+", metavar="FILE", help="local files instead of the hub: a .txt is one document, "
-                   "a .jsonl line or .parquet row is one document; documents keep this order")
+    p.add_argument("--input", nargs="+", action="extend", metavar="FILE", help="local files instead of the hub: a .txt "
+                   "is one document, a .jsonl line or .parquet row is one document; documents keep this order (that of "
+                   "all --input flags)")
     p.add_argument("--text_field", default="text", help="the field or column holding the text")
     p.add_argument("--download", metavar="REPO_ID",
                    help="instead of tokenizing: fetch the llm.c .bin shards of this hub dataset repo")
@@ -469,11 +477,16 @@ def check_args(args):
     if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
         what = "a file" if args.output_dir else "empty"
         raise UserError(f"--output_dir {args.output_dir!r} is {what}; name a folder")
-    if args.download is not None and args.input:
-        raise UserError("--download fetches shards made elsewhere; --input tokenizes local files: use one or the other")
-    if args.download is not None and args.val_tokens is not None:
-        raise UserError("--val_tokens draws validation while tokenizing; --download fetches shards made elsewhere, "
-                        "with their own split: use one or the other")
+    # a flag that would change nothing is refused, not passed over
+    hub = ("dataset", "name", "split")
+    idle = [(k, "with --download, which fetches shards made elsewhere as they are") for k in (
+        "input", "val_tokens", "shard_size", "prefix", "text_field", "seed", *hub, "overwrite") if args.download]
+    idle += [(k, "with --input, which tokenizes local files instead") for k in hub if args.input]
+    if args.val_tokens is None:
+        idle.append(("seed", "without --val_tokens, whose draw it picks"))
+    for key, why in idle:
+        if key in args.explicit:
+            raise UserError(f"--{key} does nothing {why}: leave it out")
     if args.download == "" or (args.download is None and not args.input and not args.dataset):
         flag = "--dataset" if args.download is None else "--download"
         raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
@@ -540,16 +553,35 @@ def output_args(args):
     """What decides the shards' content: a rerun must match these to resume."""
     out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
     if args.val_tokens:
-        # how a .txt is cut into units decides which are drawn: a resume under other constants is refused
-        out.update(val_tokens=args.val_tokens, seed=args.seed, unit_chars=[UNIT_CHARS, CHUNK_CHARS])
+        # how a .txt is cut into units decides which are drawn: a resume under other sizes or rule is refused
+        out.update(val_tokens=args.val_tokens, seed=args.seed, txt_cuts=[UNIT_CHARS, CHUNK_CHARS, SAFE_SPLIT.pattern])
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
     try:
+        args.input_stats = list(map(stat_of, args.input))  # taken before hashing: what changes later is seen
         inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)}
                   for p in args.input]
         return dict(out, inputs=inputs)
     except OSError as e:
         raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None
+
+
+def stat_of(path):
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def check_unchanged(args, inputs):
+    """At the end of the input: a UserError if an --input changed since it was hashed (before it was read),
+    as its shards may then mix its old and new content."""
+    for path, stat, entry in zip(args.input, args.input_stats, inputs):
+        try:
+            same = stat_of(path) == stat or content_hash(path) == entry["sha256_of_8MiB_blocks"]
+        except OSError:  # gone
+            same = False
+        if not same:
+            raise UserError(f"--input {path} changed while it was read: the shards may mix its old and new content; "
+                            "once it is final, run the same command with --overwrite")
 
 
 def read_manifest(args):
@@ -560,9 +592,10 @@ def read_manifest(args):
     try:
         with open(path) as f:
             m = json.load(f)
+        # the prefix is the args' (which a resume checks against a plain name): shard names stay in the folder
         if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool)
-                and isinstance(m["prefix"], str)):
-            raise ValueError('"args", "shards", "complete" or "prefix" of the wrong type')
+                and isinstance(m["prefix"], str) and m["prefix"] == m["args"].get("prefix")):
+            raise ValueError('"args", "shards", "complete" or "prefix" is not what fineweb.py writes')
         # shards per split; tokens per stream
         counts, totals, by_split = Counter(), Counter(), bool(m["args"].get("val_tokens"))
         for i, s in enumerate(m["shards"]):
@@ -575,11 +608,11 @@ def read_manifest(args):
                 raise ValueError(f"shard entry {i} is not one fineweb.py writes")
             counts[split] += 1
         return m
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        if args.overwrite:
-            return {"prefix": args.prefix, "shards": []}
-        raise UserError(f"{path} is not a manifest of fineweb.py ({brief(e)}); pass --overwrite to start over, "
-                        "or choose another --output_dir") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        if args.overwrite:  # replaced; but no shard there is known to be ours, so none is deleted
+            return {"prefix": None, "shards": []}
+        raise UserError(f"{path} is not a manifest of fineweb.py ({brief(e)}); choose another --output_dir, "
+                        "or pass --overwrite to replace it") from None
 
 
 def check_resume(args, old, want):
@@ -604,7 +637,9 @@ def check_resume(args, old, want):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):  # each progress line reaches a log file or a pipe when printed
+        sys.stdout.reconfigure(line_buffering=True)
+    args = build_parser().parse_marked(argv)
     check_args(args)
     if args.download is not None:
         return download(args)
@@ -685,32 +720,34 @@ def make_shards(args, manifest, ds, pool, val):
         out = ShardWriter(args, manifest, print if bar.disable else bar.write, writer)
         cutters = {split: ShardCutter(split, out, states) for split in (("val", "train") if val else (None,))}
         router = Router(cutters, args.seed, val)
-        t0, new_tokens = time.time(), 0
-        bar.update(sum(c.written for c in cutters.values()) if unit == "tok" else 0)
+        t0, shards_before, done = time.time(), len(shards), False
         tagged = pieces(docs, count, UNIT_CHARS if val else 0, router.keep)
         with closing(tokenized(tagged, pool, 2 * args.num_proc if pool else 1)) as results:
             for tag, tokens in results:
                 router.add(tag, tokens)
-                new_tokens += len(tokens)
-                bar.update(progress["bytes"] - bar.n if unit == "B" else len(tokens))
+                bar.update((progress["bytes"] if unit == "B" else sum(c.written for c in cutters.values())) - bar.n)
                 if out.stopped:
                     break
+            else:  # the whole input is read: the last, shorter shards too, as far as --max_shards allows
+                for c in cutters.values():
+                    c.finish()
+                done = not any(c.fill for c in cutters.values())
         if not any(c.written for c in cutters.values()):
             raise UserError("the input holds no documents")
-        for c in cutters.values() if not out.stopped else ():
-            c.finish()
         out.wait()
-        if val and not out.stopped and not cutters["val"].written:  # train_gpt2.py could not use the shards
+        if val and done and not cutters["val"].written:  # train_gpt2.py could not use the shards
             raise UserError(f"--val_tokens {args.val_tokens:,}: no unit of the input was drawn for validation (at a "
                             f"rate of {val[0]:.2g}, units being whole documents or pieces of a .txt of at least "
                             f"{UNIT_CHARS:,} characters); ask for more or try another --seed, with --overwrite")
-        if not out.stopped:
+        if done:
+            if args.input:
+                check_unchanged(args, manifest["args"]["inputs"])
             tokens = sum(c.written for c in cutters.values())
             manifest.update(complete=True, documents=count["documents"], tokens=tokens)
             if val:
                 manifest.update(units=count["units"], val={"tokens": cutters["val"].written, "rate": val[0]})
             save_json(os.path.join(args.output_dir, "manifest.json"), manifest)
-    rate = new_tokens / max(time.time() - t0, 1e-9) / 1e6
+    rate = sum(s["tokens"] for s in shards[shards_before:]) / max(time.time() - t0, 1e-9) / 1e6  # as written
     speed = f"{rate:.2f}M tokens/s, {args.num_proc} process{'es' if args.num_proc > 1 else ''}"
     if not manifest["complete"]:
         return print(f"stopped after {len(shards)} shards (--max_shards {args.max_shards}; {speed}); "
@@ -750,7 +787,18 @@ def download(args):
     from huggingface_hub.utils import logging as hub_logging  # the package loads .utils lazily: import it by name
 
     hub_logging.set_verbosity_error()  # not a line per retry
-    out = args.output_dir
+    out, source = args.output_dir, f"hub: {args.download}"
+    try:  # never over the shards of another manifest.json (tokenized, another repo's, not fineweb.py's)
+        with open(os.path.join(out, "manifest.json")) as f:
+            was = json.load(f)["source"]
+    except FileNotFoundError:
+        was = source
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise UserError(f"{out}/manifest.json is not one of fineweb.py ({brief(e)}); --download would replace it: "
+                        "choose another --output_dir") from None
+    if was != source:
+        raise UserError(f"{out} holds shards of {str(was)[:100]}; --download would replace them: "
+                        "choose another --output_dir")
     try:
         files = hub.HfApi().list_repo_tree(args.download, repo_type="dataset")
         sizes = {f.path: f.size for f in files if f.path.endswith(".bin")}
@@ -774,7 +822,7 @@ def download(args):
                                 "delete it and run the same command again")
             name = os.path.basename(path)
             shards.append({"name": name, "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
-        manifest = {"source": f"hub: {args.download}", "tokenizer": "gpt2 (as published)", "shards": shards,
+        manifest = {"source": source, "tokenizer": "gpt2 (as published)", "shards": shards,
                     "complete": True, "tokens": sum(s["tokens"] for s in shards)}
         save_json(os.path.join(out, "manifest.json"), manifest)
     except OSError as e:

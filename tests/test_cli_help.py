@@ -45,3 +45,26 @@ def test_the_scripts_agree_on_dtype_and_compile(script):
     assert parser._option_string_actions["--compile"].dest == parser._option_string_actions["--no_compile"].dest
     assert parser.parse_args(["--compile", "--no_compile"]).compile is False
     assert parser.parse_args(["--no_compile", "--compile"]).compile is True
+
+
+def test_parse_marked_names_the_flags_given_even_at_their_defaults():
+    """args.explicit is what the command line gives, whatever the values: a flag given at its default
+    value counts, a flag left out does not, and so do flags that accumulate (extend, store_true, a
+    --no_ switch sharing its dest)."""
+    from common import CLIParser
+
+    parser = CLIParser()
+    parser.add_argument("--size", type=int, default=3)
+    parser.add_argument("--name", default="x")
+    parser.add_argument("--input", nargs="+", action="extend")
+    parser.add_argument("--fast", dest="fast", action="store_true")
+    parser.add_argument("--no_fast", dest="fast", action="store_false")
+    cases = [([], set(), {"size": 3, "name": "x", "input": None, "fast": False}),
+             (["--size", "3", "--name", "x"], {"size", "name"}, {"size": 3, "name": "x"}),
+             (["--input", "a", "--input", "b", "c"], {"input"}, {"input": ["a", "b", "c"]}),
+             (["--no_fast"], {"fast"}, {"fast": False}),
+             (["--fast"], {"fast"}, {"fast": True})]
+    for argv, given, values in cases:
+        args = parser.parse_marked(argv)
+        assert args.explicit == given, argv
+        assert {k: getattr(args, k) for k in values} == values, argv

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,26 @@ def test_shards_of_the_users_are_refused_before_anything_is_deleted(tmp_path, ca
     check_tokens(str(other), [austen(i * 500, 500) for i in range(20)], 1000)
 
 
+def test_overwrite_keeps_the_shards_of_a_manifest_not_ours(tmp_path, capsys):
+    """Another project's folder: its manifest.json is not fineweb.py's and its shards happen to have our prefix.
+    The error says --overwrite replaces that manifest; it must not take the shards for ours and delete them."""
+    (tmp_path / "ok.txt").write_text(austen(0, 3000), encoding="utf-8")
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"project": "not fineweb.py", "files": 2}')
+    for name in ("ok_val_000000.bin", "ok_train_000001.bin"):
+        train_gpt2.write_shard(str(out / name), np.arange(300))
+    before = snapshot(out)
+    cmd = ["--input", tmp_path / "ok.txt", "--output_dir", out, "--shard_size", "300", "--num_proc", "1"]
+    assert_cli_error(fineweb_cli(capsys, *cmd), "manifest.json", "--overwrite")
+    assert_cli_error(fineweb_cli(capsys, *cmd, "--overwrite"), "ok_", "remove them")
+    assert snapshot(out) == before
+    for name in ("ok_val_000000.bin", "ok_train_000001.bin"):  # once they are gone, --overwrite replaces the manifest
+        os.remove(out / name)
+    assert fineweb_cli(capsys, *cmd, "--overwrite")[0] == 0
+    check_tokens(out, [austen(0, 3000)], 300)
+
+
 # -----------------------------------------------------------------------------
 # 1. An input that changed since the first shards
 
@@ -123,6 +144,44 @@ def test_changed_input_is_refused(tmp_path, capsys):
     assert fineweb_cli(capsys, *cmd[:-4], "--num_proc", "1", "--overwrite")[0] == 0
     new = text[: len(text) // 2] + "0123456789" + text[len(text) // 2 + 10 :]
     check_tokens(out, [new], 1000)
+
+
+@pytest.mark.parametrize("change", ["appended", "rewritten", "removed"])
+def test_input_changed_while_it_is_read_is_refused(tmp_path, monkeypatch, capsys, change):
+    """A file written to (or replaced) while the run reads it: the shards may hold part of each version, so
+    the run must not end as complete; a rerun says the input changed."""
+    lines = [json.dumps({"text": austen(700 * i, 700)}) + "\n" for i in range(40)]
+    path = tmp_path / "growing.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    real, changed = fineweb.content_hash, []
+
+    def hash_then_change(p):  # the change lands after the input is first hashed, before it is read
+        digest = real(p)
+        if not changed:
+            changed.append(change)
+            if change == "appended":
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"text": "one more"}) + "\n")
+            elif change == "rewritten":  # the same size, a later mtime (set: the clock's tick may not have moved)
+                stat = os.stat(path)
+                path.write_text("".join(lines).replace("a", "e"), encoding="utf-8")
+                os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+        return digest
+
+    def read_then_remove(*a):  # the file is gone once read
+        yield from real_read(*a)
+        os.remove(path)
+
+    monkeypatch.setattr(fineweb, "content_hash", hash_then_change)
+    real_read = fineweb.read_local
+    if change == "removed":
+        monkeypatch.setattr(fineweb, "read_local", read_then_remove)
+    out = tmp_path / "out"
+    cmd = ["--input", path, "--output_dir", out, "--shard_size", "1000", "--num_proc", "1"]
+    assert_cli_error(fineweb_cli(capsys, *cmd), "growing.jsonl changed while it was read", "--overwrite")
+    assert not read_manifest(out)["complete"]
+    if change != "removed":
+        assert_cli_error(fineweb_cli(capsys, *cmd), "growing.jsonl changed since", "--overwrite")
 
 
 # -----------------------------------------------------------------------------
@@ -188,6 +247,62 @@ def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
 
 
 # -----------------------------------------------------------------------------
+# 3. Unusual file contents that are fine: exactly their tokens
+
+
+def test_crlf_text_is_cut_at_its_line_breaks(tmp_path, monkeypatch, capsys):
+    """A .txt with Windows line breaks (\\r\\n) is read and tokenized a piece at a time like any other, not
+    whole (memory, one worker, and time quadratic in its size), and the pieces' tokens are the text's."""
+    enc = train_gpt2.get_tokenizer()
+    text = austen(0, 60000).replace("\n", "\r\n")
+    pieces = list(fineweb.split_document(text, 2000))
+    assert len(pieces) > 10 and "".join(pieces) == text
+    assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(text)
+    # every cut the rule allows keeps the tokens, on short strings made of what is near a line break
+    rng = np.random.default_rng(0)
+    alphabet = ["\r\n", "\r\n\r\n", "\r", "\n", " ", "\t", "a", "b", ".", "'", "s", "1", "é", "\x1c", "\x85", "\u2028"]
+    cuts = 0
+    for _ in range(3000):
+        s = "".join(rng.choice(alphabet, rng.integers(1, 12)))
+        for m in fineweb.SAFE_SPLIT.finditer(s):
+            cuts += 1
+            assert enc.encode_ordinary(s[: m.start()]) + enc.encode_ordinary(s[m.start() :]) == enc.encode_ordinary(s), repr(s)
+    assert cuts > 300
+    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 1000)
+    monkeypatch.setattr(fineweb, "BATCH_CHARS", 1000)
+    (tmp_path / "windows.txt").write_bytes(text.encode("utf-8"))
+    read = list(fineweb.read_txt(str(tmp_path / "windows.txt"), {"bytes": 0}))
+    assert len(read) > 20 and max(map(len, read)) < 4000 and "".join(read) == text
+    out = tmp_path / "out"
+    assert fineweb_cli(capsys, "--input", tmp_path / "windows.txt", "--output_dir", out, "--shard_size", "3000", "--num_proc", "2")[0] == 0
+    check_tokens(out, [text], 3000)
+
+
+def test_input_given_twice_reads_both(tmp_path, capsys):
+    """`--input a --input b` (as many tools take a list) reads a and b; argparse's default kept only b."""
+    texts = [austen(0, 2000), austen(5000, 1500), austen(9000, 1000)]
+    for i, text in enumerate(texts):
+        (tmp_path / f"{i}.txt").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    code, stdout, _ = fineweb_cli(capsys, "--input", tmp_path / "0.txt", "--output_dir", out, "--input", tmp_path / "1.txt",
+                                  tmp_path / "2.txt", "--shard_size", "500", "--num_proc", "1")
+    assert code == 0 and "of 3 documents" in stdout
+    check_tokens(out, texts, 500)
+
+
+def test_dictionary_encoded_parquet_text_is_read(tmp_path, capsys):
+    """A text column stored as a dictionary (pandas' category dtype writes one) is text like any other."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [austen(0, 500), "short", austen(0, 500), "", "short", austen(9000, 2000)]
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode(), "n": range(6)}), str(tmp_path / "cat.parquet"), row_group_size=4)
+    out = tmp_path / "out"
+    assert fineweb_cli(capsys, "--input", tmp_path / "cat.parquet", "--output_dir", out, "--shard_size", "200", "--num_proc", "1")[0] == 0
+    check_tokens(out, texts, 200)
+
+
+# -----------------------------------------------------------------------------
 # 4. Bad values of every flag, bad files, file-system faults: one line, exit != 0, nothing changed
 
 
@@ -211,10 +326,12 @@ def files(tmp_path_factory):
     (d / "number.jsonl").write_text('{"text": 5}\n', encoding="utf-8")
     (d / "null.jsonl").write_text('{"text": null}\n', encoding="utf-8")
     (d / "broken.jsonl").write_text('{"text": "a"}\n{"text": \n', encoding="utf-8")
+    (d / "deep.jsonl").write_text('{"text": "a"}\n{"text": "b", "x": ' + "[" * 100000 + "]" * 100000 + "}\n", encoding="utf-8")
     (d / "junk.parquet").write_bytes(os.urandom(3000))
     pq.write_table(pa.table({"body": ["x"]}), str(d / "body.parquet"))
     pq.write_table(pa.table({"text": [1, 2]}), str(d / "ints.parquet"))
     pq.write_table(pa.table({"text": ["a", None]}), str(d / "nulls.parquet"))
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), str(d / "twice.parquet"))
     (d / "folder.txt").mkdir()
     (d / "a_file").write_text("not a folder")
     done = str(d / "done")
@@ -271,6 +388,16 @@ def offline(mp, d, out, new):
     mp.setattr(datasets.config, "HF_HUB_OFFLINE", True)
 
 
+def prefix_outside(mp, d, out, new):
+    """A manifest edited by hand to name its shards, and so the next ones, outside the folder (where they are)."""
+    m = read_manifest(out)
+    for shard in m["shards"]:
+        os.rename(os.path.join(out, shard["name"]), os.path.join(out, "..", shard["name"]))
+        shard["name"] = "../" + shard["name"]
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(dict(m, prefix="../ok"), f)
+
+
 def truncate_shard(mp, d, out, new):
     with open(os.path.join(out, "ok_train_000001.bin"), "r+b") as f:
         f.truncate(1100)
@@ -278,7 +405,8 @@ def truncate_shard(mp, d, out, new):
 
 BIG = str(2**63)
 # name: (flags, words the error line must hold, setup). The flags come after "--input ok.txt
-# --output_dir OUT --shard_size 100 --num_proc 1" (HUB: without --input); OUT is a copy of `done`,
+# --output_dir OUT --shard_size 100 --num_proc 1" (HUB or flags with --input: without that --input; with
+# --download: without --shard_size, which it refuses); OUT is a copy of `done`,
 # DIR the folder of `files`, NEW a folder that does not exist yet. setup(monkeypatch, DIR, OUT, NEW) runs first.
 CASES = {
     **{f"shard_size {v}": (["--shard_size", v], ["--shard_size"]) for v in ["0", "-5", "nan", "inf", "-inf", "1e30", BIG, "abc", "", "1.5", "0x10"]},
@@ -304,10 +432,12 @@ CASES = {
     "jsonl text a number": (["--input", "DIR/number.jsonl", "--output_dir", "NEW"], ["number.jsonl:1", "int"]),
     "jsonl text null": (["--input", "DIR/null.jsonl", "--output_dir", "NEW"], ["null.jsonl:1", '"text"']),
     "jsonl broken": (["--input", "DIR/broken.jsonl", "--output_dir", "NEW"], ["broken.jsonl:2", "not valid JSON"]),
+    "jsonl nested too deep for Python": (["--input", "DIR/deep.jsonl", "--output_dir", "NEW"], ["deep.jsonl:2", "RecursionError"]),
     "parquet junk": (["--input", "DIR/junk.parquet", "--output_dir", "NEW"], ["junk.parquet", "parquet"]),
     "parquet without text": (["--input", "DIR/body.parquet", "--output_dir", "NEW"], ['no "text" column', "body"]),
     "parquet ints": (["--input", "DIR/ints.parquet", "--output_dir", "NEW"], ['no "text" column']),
     "parquet null text": (["--input", "DIR/nulls.parquet", "--output_dir", "NEW"], ["row 1", '"text"']),
+    "parquet with two text columns": (["--input", "DIR/twice.parquet", "--output_dir", "NEW"], ['no single "text" column', "text, text"]),
     "dataset empty": (["HUB", "--dataset", ""], ["--dataset"]),
     "dataset offline": (["HUB", "--dataset", "HuggingFaceFW/fineweb-edu", "--overwrite"], ["fineweb-edu", "--input FILE"], offline),
     "split empty, offline": (["HUB", "--split", "", "--overwrite"], ["fineweb-edu"], offline),
@@ -323,6 +453,7 @@ CASES = {
     "manifest not JSON": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: "{not json")),
     "manifest a JSON list": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: [m])),
     "manifest a number": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: 7)),
+    "manifest nested too deep for Python": ([], ["manifest.json", "--overwrite"], manifest_with(lambda m: "[" * 10**5 + "]" * 10**5)),
     "manifest without shards": ([], ["manifest.json", "--overwrite"], manifest_with(without("shards"))),
     "manifest without args": ([], ["manifest.json", "--overwrite"], manifest_with(without("args"))),
     "manifest without prefix": ([], ["manifest.json", "--overwrite"], manifest_with(without("prefix"))),
@@ -336,6 +467,7 @@ CASES = {
     "manifest tokens negative": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, tokens=-100))),
     "manifest tokens a string": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, tokens="100"))),
     "manifest end_doc_tokens too many": ([], ["manifest.json", "--overwrite"], manifest_with(entry(0, end_doc_tokens=10**6))),
+    "manifest prefix outside the folder": ([], ["manifest.json", "--overwrite"], prefix_outside),
     "manifest checkpoint a list": ([], ["manifest.json", "--overwrite"], manifest_with(entry(1, checkpoint=[]))),
     "manifest is a folder": ([], ["manifest.json", "--overwrite"],
                              lambda mp, d, out, new: os.remove(os.path.join(out, "manifest.json")) or os.mkdir(os.path.join(out, "manifest.json"))),
@@ -351,10 +483,20 @@ CASES = {
     "val_tokens added to shards made without": (["--val_tokens", "0.1"], ["val_tokens", "--overwrite"]),
     **{f"seed {v}": (["--val_tokens", "0.1", "--seed", v], ["--seed"]) for v in ["abc", "", "1.5", "nan"]},
     "download empty": (["HUB", "--download", ""], ["--download"]),
-    "download offline": (["HUB", "--download", "kjj0/fineweb10B-gpt2"], ["kjj0/fineweb10B-gpt2", "network"], offline),
+    "download offline": (["HUB", "--download", "kjj0/fineweb10B-gpt2", "--output_dir", "NEW"], ["kjj0/fineweb10B-gpt2", "network"], offline),
+    "download over tokenized shards": (["HUB", "--download", "x/y"], ["holds shards of local files", "--output_dir"]),
     "download max_shards": (["HUB", "--download", "x/y", "--max_shards", "-1"], ["--max_shards"]),
     "download val_tokens": (["HUB", "--download", "x/y", "--val_tokens", "0.01"], ["--val_tokens", "--download"]),
     "download with input": (["--download", "x/y"], ["--download", "--input"]),
+    # flags that would change nothing: refused, not passed over
+    "download with shard_size": (["HUB", "--download", "x/y", "--shard_size", "100"], ["--shard_size", "--download", "leave it out"]),
+    "download with overwrite": (["HUB", "--download", "x/y", "--overwrite"], ["--overwrite", "--download"]),
+    "download with prefix": (["HUB", "--download", "x/y", "--prefix", "mine"], ["--prefix", "--download"]),
+    "dataset with input": (["--dataset", "someone/data"], ["--dataset", "--input"]),
+    "name with input": (["--name", ""], ["--name", "--input"]),
+    "seed without val_tokens": (["--seed", "5"], ["--seed", "without --val_tokens"]),
+    "seed at its default without val_tokens": (["--seed", "1337"], ["--seed", "without --val_tokens"]),
+    "split at its default with input": (["--split", "train"], ["--split", "--input"]),
 }
 
 
@@ -363,8 +505,9 @@ def test_bad_input(case, files, tmp_path, monkeypatch, capsys):
     flags, needles, *setup = CASES[case]
     d, out, new = files, str(tmp_path / "out"), str(tmp_path / "new")
     shutil.copytree(d / "done", out)
-    argv = ["--output_dir", out, "--shard_size", "100", "--num_proc", "1"] + ["--input", str(d / "ok.txt")] * ("HUB" not in flags)
-    argv += [f.replace("DIR", str(d)).replace("OUT", out).replace("NEW", new) for f in flags if f != "HUB"]  # a later flag wins
+    argv = ["--output_dir", out, "--num_proc", "1"] + ["--shard_size", "100"] * ("--download" not in flags)
+    argv += ["--input", str(d / "ok.txt")] * ("HUB" not in flags and "--input" not in flags)  # (--input adds to it)
+    argv += [f.replace("DIR", str(d)).replace("OUT", out).replace("NEW", new) for f in flags if f != "HUB"]  # a later --output_dir wins
     if setup:
         setup[0](monkeypatch, d, out, new)
     target = argv[len(argv) - argv[::-1].index("--output_dir")]
@@ -423,6 +566,68 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
     assert len(bar) >= 2 and all(ln.startswith("tokenizing:") for ln in bar), bar  # one bar, redrawn
     assert f"{size / 1000:.0f}k/{size / 1000:.0f}k" in bar[-1] and "100%" in bar[-1] and "B/s]" in bar[-1]  # bytes, total, rate
     assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", bar[-1])  # elapsed<ETA
+
+
+PAUSE_AT_SECOND_SHARD = """
+import sys
+import common, fineweb
+real, calls = fineweb.write_shard, [0]
+def write_shard(path, tokens):
+    calls[0] += 1
+    if calls[0] == 2:
+        sys.stdin.readline()  # the test reads stdout meanwhile; closing stdin lets the run go on
+    return real(path, tokens)
+fineweb.write_shard = write_shard
+common.run_cli(lambda: fineweb.main(sys.argv[1:]))
+"""
+
+
+def test_progress_lines_reach_a_pipe_when_printed(tmp_path):
+    """stdout into a file or a pipe (nohup, tee, a job's log) is block-buffered: each shard's line must still show
+    when it is printed, not when a run of hours ends. Here the run is held in its second shard's write."""
+    (tmp_path / "book.txt").write_text(austen(0, 20000), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    flags = ["--input", str(tmp_path / "book.txt"), "--output_dir", str(tmp_path / "out"), "--shard_size", "1000", "--num_proc", "1"]
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_AT_SECOND_SHARD, *flags], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = select.select([proc.stdout], [], [], 60)[0]  # (before the fix: nothing until the run ended)
+        assert ready and proc.stdout.readline() == "wrote book_val_000000.bin (1,000 tokens)\n"
+        stdout, stderr = proc.communicate(input="", timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "done: 6 shards" in stdout, stderr
+
+
+def test_rate_counts_the_tokens_written(tmp_path, monkeypatch, capsys):
+    """The end line's tokens/s is the tokens this run put in shards (each document's <|endoftext|> too; not
+    those read ahead past --max_shards) over the run's time."""
+    texts = [austen(997 * i, 40 + i % 50) for i in range(300)]  # short documents: their <|endoftext|> count
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    cmd = ["--input", tmp_path / "docs.jsonl", "--output_dir", tmp_path / "out", "--shard_size", "1500", "--num_proc", "1"]
+
+    def rate(*flags):  # of a run that takes 1e-6 s: its M tokens/s are its tokens
+        clock = iter([0.0, 1e-6])
+        monkeypatch.setattr(fineweb, "time", types.SimpleNamespace(time=lambda: next(clock)))
+        code, stdout, _ = fineweb_cli(capsys, *cmd, *flags)
+        assert code == 0
+        return float(re.search(r"([\d.]+)M tokens/s", stdout).group(1))
+
+    assert rate("--max_shards", "2") == 3000
+    assert rate() == read_manifest(tmp_path / "out")["tokens"] - 3000  # the rest, once
+
+
+def test_max_shards_that_reaches_the_end_completes_the_folder(tmp_path, capsys):
+    """--max_shards N where the input makes N shards (or fewer): the folder is complete, not 'stopped'."""
+    (tmp_path / "book.txt").write_text(austen(0, 20000), encoding="utf-8")
+    for n in (6, 7):  # the input makes 6 shards
+        out = tmp_path / f"out{n}"
+        code, stdout, _ = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", out, "--shard_size", "1000",
+                                      "--num_proc", "1", "--max_shards", n)
+        m = read_manifest(out)
+        assert code == 0 and len(m["shards"]) == 6 and m["complete"] and "done: 6 shards" in stdout, stdout
+        check_tokens(out, [austen(0, 20000)], 1000)
 
 
 # -----------------------------------------------------------------------------
@@ -500,6 +705,27 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     assert not (out / "manifest.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0
     assert calls == ["fineweb_train_000001.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]
+
+
+def test_download_never_replaces_other_shards(tmp_path, fake_hub, capsys):
+    """A folder of shards fineweb.py tokenized, named as the repo's are (--prefix fineweb), or of another repo's
+    download: --download would overwrite them and their manifest. It refuses, before fetching anything."""
+    repo, calls, _ = fake_hub
+    (tmp_path / "ok.txt").write_text(austen(0, 5000), encoding="utf-8")
+    out = tmp_path / "out"
+    assert fineweb_cli(capsys, "--input", tmp_path / "ok.txt", "--output_dir", out, "--prefix", "fineweb", "--shard_size", "600",
+                       "--num_proc", "1")[0] == 0
+    before = snapshot(out)
+    assert {"fineweb_val_000000.bin", "fineweb_train_000001.bin"} < set(before)
+    assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out), "holds shards of local files", "--output_dir")
+    assert snapshot(out) == before and calls == []
+    other = tmp_path / "other"
+    assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", other)[0] == 0
+    m = read_manifest(other)
+    (other / "manifest.json").write_text(json.dumps(dict(m, source="hub: someone/else")))  # as if from that repo
+    before = snapshot(other)
+    assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", other), "hub: someone/else")
+    assert snapshot(other) == before
 
 
 @pytest.mark.parametrize("flags", [["--download", "someone/shards"], []])

@@ -8,6 +8,7 @@ text with the tokens of the whole text. Run: python -m pytest -q tests/test_fine
 import json
 import math
 import os
+import re
 import signal
 from collections import deque
 
@@ -146,6 +147,15 @@ def test_fraction_draws_from_every_input_and_keeps_every_document_once(tmp_path,
     assert f"validation: {n_val:,} tokens" in capsys.readouterr().out
 
 
+def test_crlf_text_is_drawn_from_in_pieces(tmp_path):
+    """A .txt with Windows line breaks (\\r\\n) is cut into units at its line breaks like any other, not drawn whole."""
+    text = austen(0, 30000).replace("\n", "\r\n")
+    (tmp_path / "windows.txt").write_bytes(text.encode("utf-8"))
+    out = run([str(tmp_path / "windows.txt")], tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.3)
+    found = match_inputs(out, [(0, "txt", text)])
+    assert sum(split == "val" for _, split, _ in found) >= 3 and sum(split == "train" for _, split, _ in found) >= 3
+
+
 def test_count_stops_one_document_past_the_quota(tmp_path, monkeypatch, capsys):
     paths, docs = write_inputs(str(tmp_path / "in"), txt=False)
     # the size estimate 3x too small: the rate is 3x too high, and the quota is met about a third of the way in
@@ -247,6 +257,24 @@ def test_stopped_and_killed_runs_resume_to_the_same_shards(tmp_path, monkeypatch
     assert shard_bytes(killed) == whole and sorted(os.listdir(killed)) == sorted(names + ["manifest.json"])
 
 
+def test_max_shards_is_never_passed_and_reaching_the_end_completes(tmp_path):
+    """At the end of the input both splits' last, shorter shards are written: --max_shards may stop between them
+    (it was passed by one), and one that the input's shards just reach makes a complete folder."""
+    paths, docs = write_inputs(str(tmp_path / "in"), txt=False)
+    flags = ["--shard_size", 5000, "--val_tokens", 0.3]
+    whole = shard_bytes(run(paths, tmp_path / "whole", *flags, num_proc=1))
+    n = len(whole)
+    assert 4 <= n <= 12
+    for stop in range(1, n + 2):
+        out = run(paths, tmp_path / f"stop{stop}", *flags, "--max_shards", stop, num_proc=1)
+        m = read_manifest(out)
+        assert len(m["shards"]) == min(stop, n) and m["complete"] == (stop >= n), (stop, n)
+        if stop in (n - 1, n):
+            run(paths, out, *flags, num_proc=1)
+            assert shard_bytes(out) == whole
+    match_inputs(out, docs)
+
+
 def test_hub_stream_is_drawn_from_and_resumes(tmp_path, monkeypatch):
     """--dataset with a local folder of parquet files runs the hub code (datasets, streaming) offline."""
     import pyarrow as pa
@@ -288,14 +316,15 @@ def test_other_val_tokens_or_seed_is_refused(tmp_path, capsys):
     assert shard_bytes(out) == before
 
 
-def test_a_resume_under_other_unit_sizes_is_refused(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name, value", [("UNIT_CHARS", 400), ("SAFE_SPLIT", re.compile(r"(?<=\S\n)(?=\n?\S)"))])
+def test_a_resume_under_other_unit_sizes_or_cuts_is_refused(tmp_path, capsys, monkeypatch, name, value):
     """Which .txt units are drawn depends on how the text is cut: a resume cut otherwise would mix two draws."""
     paths, _ = write_inputs(str(tmp_path / "in"))
     out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.1, "--max_shards", 2)
     before = shard_bytes(out)
-    monkeypatch.setattr(fineweb, "UNIT_CHARS", 400)
+    monkeypatch.setattr(fineweb, name, value)
     result = fineweb_cli(capsys, "--input", *paths, "--output_dir", out, "--shard_size", 1000, "--val_tokens", 0.1)
-    assert_cli_error(result, "unit_chars", "--overwrite")
+    assert_cli_error(result, "txt_cuts", "--overwrite")
     assert shard_bytes(out) == before
 
 
