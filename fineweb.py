@@ -51,6 +51,7 @@ EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once,
 # "\S" (whitespace before "\S" is cut before its last character). Python's \s is at least as wide as the
 # tokenizer's, so \S is no wider.
 SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)|(?<=\S\r)(?=\n\S)|(?<=\S\r\n\r)(?=\n\S)")
+LOOKBEHIND = 4  # the most characters SAFE_SPLIT looks back on ("\S\r\n\r")
 
 
 # -----------------------------------------------------------------------------
@@ -69,27 +70,41 @@ def split_document(text, size=None):
 
 
 def read_txt(path, progress):
-    """The file as one document (UTF-8, kept exactly), read and handed on a piece at a time."""
-    decoder, buf, scanned, offset = codecs.getincrementaldecoder("utf-8")(), "", 0, 0
+    """The file as one document (UTF-8, kept exactly), read and handed on a piece at a time. The text not yet
+    handed on is kept in blocks, and only what is new is searched for a split point: a file without one (a
+    giant line) still reads in linear time."""
+    decoder, blocks, size, scanned, offset = codecs.getincrementaldecoder("utf-8")(), [], 0, 0, 0
     start = 0  # the file offset of the bytes the decoder is given next (with those it holds back)
     try:
         with open(path, "rb") as f:
             while raw := f.read(CHUNK_CHARS):
                 start = offset - len(decoder.getstate()[0])
-                buf, offset = buf + decoder.decode(raw), offset + len(raw)
+                blocks.append(decoder.decode(raw))
+                size, offset = size + len(blocks[-1]), offset + len(raw)
                 progress["bytes"] += len(raw)
-                while len(buf) > 2 * CHUNK_CHARS:  # a big file never sits in memory whole
-                    if not (m := SAFE_SPLIT.search(buf, max(CHUNK_CHARS, scanned))):
-                        scanned = len(buf)  # no split point yet: not scanned again
+                while size > 2 * CHUNK_CHARS:  # a big file never sits in memory whole
+                    search_from = max(CHUNK_CHARS, scanned)
+                    begin = max(0, search_from - LOOKBEHIND)
+                    if not (m := SAFE_SPLIT.search(last_chars(blocks, size - begin), search_from - begin)):
+                        scanned = size  # no split point yet: not scanned again
                         break
-                    yield buf[: m.start()]
-                    buf, scanned = buf[m.start() :], 0
+                    text, cut = "".join(blocks), begin + m.start()
+                    yield text[:cut]
+                    blocks, size, scanned = [text[cut:]], size - cut, 0
         start = offset - len(decoder.getstate()[0])
-        yield buf + decoder.decode(b"", final=True)
+        yield "".join(blocks) + decoder.decode(b"", final=True)
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {start + e.start:,}); convert it to UTF-8") from None
     except OSError as e:
         raise UserError(f"cannot read {path} ({brief(e)})") from None
+
+
+def last_chars(blocks, n):
+    """The last n characters of the blocks' text, joining only the blocks they lie in."""
+    first, length = len(blocks), 0
+    while length < n:
+        first, length = first - 1, length + len(blocks[first - 1])
+    return "".join(blocks[first:])[length - n :]
 
 
 def text_of(value, where, field):

@@ -250,6 +250,28 @@ def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
 # 3. Unusual file contents that are fine: exactly their tokens
 
 
+def test_a_giant_line_is_read_in_linear_time(tmp_path, monkeypatch):
+    """A .txt with no split point for megabytes is held whole (it cannot be cut), but each block read is
+    searched once: the text handed to the split search adds up to about the file's length, not to the
+    square of it (a 1 GB line would take hours). The pieces still tile the file."""
+    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 100)
+    searched = []
+
+    class CountingSplit:  # SAFE_SPLIT, counting the characters of each string it is given
+        def search(self, text, pos):
+            searched.append(len(text))
+            return SAFE_SPLIT.search(text, pos)
+
+    SAFE_SPLIT = fineweb.SAFE_SPLIT
+    monkeypatch.setattr(fineweb, "SAFE_SPLIT", CountingSplit())
+    text = "word " * 20000 + "end.\nA second line.\nAnd a third one, " + "more " * 2000 + "\n"
+    (tmp_path / "line.txt").write_text(text, encoding="utf-8")
+    read = list(fineweb.read_txt(str(tmp_path / "line.txt"), {"bytes": 0}))
+    assert "".join(read) == text and len(read) >= 2  # cut after the giant line
+    assert len(searched) >= len(text) // 100 - 5  # a search for each block read
+    assert sum(searched) < 2 * len(text)
+
+
 def test_crlf_text_is_cut_at_its_line_breaks(tmp_path, monkeypatch, capsys):
     """A .txt with Windows line breaks (\\r\\n) is read and tokenized a piece at a time like any other, not
     whole (memory, one worker, and time quadratic in its size), and the pieces' tokens are the text's."""
