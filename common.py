@@ -192,13 +192,20 @@ class CLIParser(argparse.ArgumentParser):
 
     def parse_marked(self, argv=None):
         """parse_args, with args.explicit: the names (dests) of the flags the command line gives, even
-        where it gives a flag's default value."""
-        # a fresh list per flag stands in for its default: one the command line gives replaces it (a
-        # store action) or a copy of it (append, extend), so identity tells; a count action cannot be marked
-        unset = {a.dest: [] for a in self._actions if a.dest != "help"}
+        where it gives a flag's default value; and args.given_as: each one's flag as the command line
+        spelt it (--no_compile for the dest compile). Optional flags only: positionals are not marked."""
+        # a stand-in for each flag's default: one the command line gives replaces it (a store action) or
+        # a copy of it (append, extend: a fresh list), so identity tells; a count action starts from None
+        unset = {a.dest: None if isinstance(a, argparse._CountAction) else []
+                 for a in self._actions if a.option_strings and a.dest != "help"}
         marked = self.parse_args(argv, namespace=argparse.Namespace(**unset))
         args = self.parse_args(argv)
-        args.explicit = {name for name, value in vars(marked).items() if value is not unset.get(name)}
+        args.explicit = {name for name in unset if getattr(marked, name) is not unset[name]}
+        spelt = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if isinstance(word, str)}
+        args.given_as = {a.dest: option for a in self._actions for option in a.option_strings
+                         if a.dest in args.explicit and option in spelt}
+        for name in args.explicit - args.given_as.keys():  # an abbreviation (--no_comp): the flag's first name
+            args.given_as[name] = next(a.option_strings[0] for a in self._actions if a.dest == name)
         return args
 
 

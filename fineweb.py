@@ -495,7 +495,8 @@ def check_args(args):
     # a flag that would change nothing is refused, not passed over
     hub = ("dataset", "name", "split")
     idle = [(k, "with --download, which fetches shards made elsewhere as they are") for k in (
-        "input", "val_tokens", "shard_size", "prefix", "text_field", "seed", *hub, "overwrite") if args.download]
+        "input", "val_tokens", "shard_size", "prefix", "text_field", "seed", *hub, "overwrite", "num_proc")
+        if args.download]
     idle += [(k, "with --input, which tokenizes local files instead") for k in hub if args.input]
     if args.val_tokens is None:
         idle.append(("seed", "without --val_tokens, whose draw it picks"))
@@ -568,8 +569,10 @@ def output_args(args):
     """What decides the shards' content: a rerun must match these to resume."""
     out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
     if args.val_tokens:
-        # how a .txt is cut into units decides which are drawn: a resume under other sizes or rule is refused
-        out.update(val_tokens=args.val_tokens, seed=args.seed, txt_cuts=[UNIT_CHARS, CHUNK_CHARS, SAFE_SPLIT.pattern])
+        out.update(val_tokens=args.val_tokens, seed=args.seed)
+        if any(path.lower().endswith(".txt") for path in args.input or []):
+            # how a .txt is cut into units decides which are drawn: a resume under other sizes or rule is refused
+            out.update(txt_cuts=[UNIT_CHARS, CHUNK_CHARS, SAFE_SPLIT.pattern])
     if not args.input:
         return dict(out, dataset=args.dataset, name=args.name, split=args.split)
     try:
@@ -632,6 +635,8 @@ def read_manifest(args):
 
 def check_resume(args, old, want):
     """Nothing if the shards of manifest `old` were made with these arguments and are intact; else a UserError."""
+    if "txt_cuts" not in want:  # older manifests record .txt unit sizes for every --val_tokens run: no .txt, no matter
+        old = dict(old, args={k: v for k, v in old["args"].items() if k != "unit_chars"})
     olds, news = old["args"].get("inputs"), want.get("inputs")
     same_files = isinstance(olds, list) and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) \
         and [o["path"] for o in olds] == [n["path"] for n in news or []]

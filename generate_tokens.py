@@ -107,7 +107,7 @@ def check_args(args):
         if args.export_hf:
             raise UserError("--export_hf writes the fp32 weights; drop --int8")
     if args.export_hf:
-        given = [f"--{name}" for name in SAMPLING_FLAGS if name in args.explicit]
+        given = [args.given_as[name] for name in SAMPLING_FLAGS if name in args.explicit]
         if given:
             raise UserError(f"--export_hf writes the model and exits without sampling; drop {', '.join(given)}")
         check_export_dir(args.export_hf)

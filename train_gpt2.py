@@ -1503,9 +1503,10 @@ def setup_distributed(device_arg):
 
 class RankZeroSteps:
     """The steps only rank 0 takes (--verify_data, the log folder and its lock, log.txt, checkpoints),
-    made to end every rank alike. Under torchrun a UserError of such a step is held on rank 0 until
-    agree(), a collective every rank reaches, and then raised on every rank: rank 0 prints it, the others
-    leave quietly with the same exit code (ReportedByRankZero). Raised at once, it would leave the other
+    made to end every rank alike. Under torchrun the error of such a step (a UserError, or any other) is held
+    on rank 0 until agree(), a collective every rank reaches, and then raised on every rank: rank 0 prints
+    it (a traceback for what is not a UserError), the others leave quietly with exit code 2
+    (ReportedByRankZero). Raised at once, it would leave the other
     ranks to die in their next collective with gloo's traceback (the peer closed the connection), or with
     NCCL to wait for a peer that is gone. In one process a step's error is raised at once, as any other."""
 
@@ -1521,7 +1522,7 @@ class RankZeroSteps:
             return step(*args)
         try:
             return step(*args)
-        except UserError as e:
+        except Exception as e:  # a full disk's OSError, a tracker's own error: the other ranks must not wait
             self.error = e
             return None
 
@@ -1677,7 +1678,11 @@ def prune_checkpoints(log_dir, saved_step, keep):
     older = [p for p in find_checkpoints(log_dir)
              if int(CHECKPOINT_RE.match(os.path.basename(p)).group(1)) < saved_step]
     for path in older[keep - 1 :]:
-        os.remove(path)
+        try:
+            os.remove(path)
+        except OSError as e:  # an old checkpoint left in place loses nothing: the run goes on
+            print(f"warning: cannot remove {path} for --keep_checkpoints ({e.strerror or e}); it is kept",
+                  file=sys.stderr)
 
 
 def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None, tokens=None):

@@ -285,6 +285,7 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
         (good + ["--export_hf", str(tmp_path / "new")], "drop --prompt"),  # sampling flags would be ignored
         # given, even at its default value, it would be ignored as silently
         (export + ["--export_hf", str(tmp_path / "new"), "--temperature", "1.0"], "drop --temperature"),
+        (export + ["--export_hf", str(tmp_path / "new"), "--no_compile"], "drop --no_compile"),
         (export + ["--export_hf", str(tmp_path / "new"), "--int8"], "--int8"),
         (good + ["--int8", "--dtype", "bf16"], "--int8"),
         (good + ["--int8", "--compile"], "--int8"),

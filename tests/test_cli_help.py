@@ -68,3 +68,10 @@ def test_parse_marked_names_the_flags_given_even_at_their_defaults():
         args = parser.parse_marked(argv)
         assert args.explicit == given, argv
         assert {k: getattr(args, k) for k in values} == values, argv
+    assert parser.parse_marked(["--no_fast", "--size=4"]).given_as == {"fast": "--no_fast", "size": "--size"}
+    assert parser.parse_marked(["--no_f"]).given_as == {"fast": "--fast"}  # abbreviated: the flag's first name
+    # a count flag and a positional: counted, and not marked
+    parser.add_argument("-v", action="count", default=0)
+    parser.add_argument("path", nargs="?", default="x")
+    assert parser.parse_marked([]).explicit == set() and parser.parse_marked(["-vv", "p"]).explicit == {"v"}
+    assert parser.parse_marked(["-vv", "p"]).v == 2

@@ -514,6 +514,7 @@ CASES = {
     "download with shard_size": (["HUB", "--download", "x/y", "--shard_size", "100"], ["--shard_size", "--download", "leave it out"]),
     "download with overwrite": (["HUB", "--download", "x/y", "--overwrite"], ["--overwrite", "--download"]),
     "download with prefix": (["HUB", "--download", "x/y", "--prefix", "mine"], ["--prefix", "--download"]),
+    "download with num_proc": (["HUB", "--download", "x/y", "--num_proc", "1"], ["--num_proc", "--download"]),
     "dataset with input": (["--dataset", "someone/data"], ["--dataset", "--input"]),
     "name with input": (["--name", ""], ["--name", "--input"]),
     "seed without val_tokens": (["--seed", "5"], ["--seed", "without --val_tokens"]),
@@ -527,7 +528,7 @@ def test_bad_input(case, files, tmp_path, monkeypatch, capsys):
     flags, needles, *setup = CASES[case]
     d, out, new = files, str(tmp_path / "out"), str(tmp_path / "new")
     shutil.copytree(d / "done", out)
-    argv = ["--output_dir", out, "--num_proc", "1"] + ["--shard_size", "100"] * ("--download" not in flags)
+    argv = ["--output_dir", out] + ["--num_proc", "1", "--shard_size", "100"] * ("--download" not in flags)
     argv += ["--input", str(d / "ok.txt")] * ("HUB" not in flags and "--input" not in flags)  # (--input adds to it)
     argv += [f.replace("DIR", str(d)).replace("OUT", out).replace("NEW", new) for f in flags if f != "HUB"]  # a later --output_dir wins
     if setup:

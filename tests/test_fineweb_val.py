@@ -328,6 +328,21 @@ def test_a_resume_under_other_unit_sizes_or_cuts_is_refused(tmp_path, capsys, mo
     assert shard_bytes(out) == before
 
 
+def test_a_resume_of_a_manifest_with_unit_sizes_but_no_txt_goes_on(tmp_path, capsys):
+    """Manifests written before the cut rule was recorded hold "unit_chars" for every --val_tokens run; without
+    a .txt input, how a .txt would be cut decides nothing, so such a run resumes, to the same bytes."""
+    paths, _ = write_inputs(str(tmp_path / "in"), txt=False)
+    whole = run(paths, tmp_path / "whole", "--shard_size", 1000, "--val_tokens", 0.1)
+    out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.1, "--max_shards", 2)
+    manifest = read_manifest(out)
+    assert "txt_cuts" not in manifest["args"]
+    manifest["args"]["unit_chars"] = [fineweb.UNIT_CHARS, fineweb.CHUNK_CHARS]
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    run(paths, out, "--shard_size", 1000, "--val_tokens", 0.1)
+    assert shard_bytes(out) == shard_bytes(whole)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "-0.2", "nan", "inf", "x", "", "1.5", "1e6", "hub"])
 def test_bad_val_tokens_is_one_line(tmp_path, capsys, value):
     paths, _ = write_inputs(str(tmp_path / "in"), txt=False)  # about 30,000 tokens

@@ -170,6 +170,31 @@ def test_rank_zero_steps_in_one_process_raise_at_once():
     assert train_gpt2.RankZeroSteps(ddp=False, master=False, device="cpu").run(lambda: 1) is None
 
 
+def test_under_ddp_rank_zero_holds_any_failure_of_its_steps_for_the_others_to_hear():
+    """Not only a UserError: a failure of any kind (a tracker's own exception, a full disk's OSError) raised
+    at once on rank 0 would leave the other ranks waiting in their next collective. run() takes no
+    collective, so it is tried here without a process group."""
+    steps = train_gpt2.RankZeroSteps(ddp=True, master=True, device="cpu")
+    assert steps.run(lambda: 1 / 0) is None and isinstance(steps.error, ZeroDivisionError)
+    assert steps.run(lambda: 1) is None  # once failed, rank 0 takes no further step
+
+
+def test_a_checkpoint_that_cannot_be_pruned_is_kept_with_a_warning(tmp_path, monkeypatch, capsys):
+    for step in (1, 2, 3, 4):
+        (tmp_path / f"model_{step:05d}.pt").write_bytes(b"x")
+    remove = os.remove
+
+    def refuse_one(path):
+        if path.endswith("model_00001.pt"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        remove(path)
+
+    monkeypatch.setattr(os, "remove", refuse_one)
+    train_gpt2.prune_checkpoints(str(tmp_path), 4, 1)
+    assert sorted(os.listdir(tmp_path)) == ["model_00001.pt", "model_00004.pt"]
+    assert "cannot remove" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------
 # One run per --log_dir
 
