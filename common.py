@@ -18,9 +18,9 @@ class UserError(Exception):
 
 
 class ReportedByRankZero(UserError):
-    """The UserError of a step only torchrun's rank 0 takes (its log folder, a checkpoint), raised on the
-    other ranks too so that every rank leaves at the same point: rank 0 prints the line, and run_cli ends
-    the others with the same exit code and no second copy of it."""
+    """The failure of a step only torchrun's rank 0 takes (its log folder, a checkpoint), raised on the
+    other ranks too so that every rank leaves at the same point: rank 0 reports it, and run_cli ends the
+    others with exit code 2 and no second copy of it."""
 
 
 def brief(e):

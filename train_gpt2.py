@@ -1506,9 +1506,9 @@ class RankZeroSteps:
     made to end every rank alike. Under torchrun the error of such a step (a UserError, or any other) is held
     on rank 0 until agree(), a collective every rank reaches, and then raised on every rank: rank 0 prints
     it (a traceback for what is not a UserError), the others leave quietly with exit code 2
-    (ReportedByRankZero). Raised at once, it would leave the other
-    ranks to die in their next collective with gloo's traceback (the peer closed the connection), or with
-    NCCL to wait for a peer that is gone. In one process a step's error is raised at once, as any other."""
+    (ReportedByRankZero). Raised at once, it would leave the other ranks to die in their next collective
+    with gloo's traceback (the peer closed the connection), or with NCCL to wait for a peer that is gone.
+    In one process a step's error is raised at once, as any other."""
 
     def __init__(self, ddp, master, device):
         self.ddp, self.master, self.device = ddp, master, device
@@ -1518,11 +1518,11 @@ class RankZeroSteps:
         """step(*args) on rank 0; nothing on the other ranks, nor on rank 0 once one of its steps failed."""
         if not self.master or self.error is not None:
             return None
-        if not self.ddp:
-            return step(*args)
         try:
             return step(*args)
         except Exception as e:  # a full disk's OSError, a tracker's own error: the other ranks must not wait
+            if not self.ddp:
+                raise
             self.error = e
             return None
 
@@ -2190,14 +2190,10 @@ class RunLog:
             return
         made = not os.path.isdir(args.log_dir)
         try:
-            os.makedirs(args.log_dir, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot create --log_dir {args.log_dir} ({e.strerror or e}); "
-                            "pick another folder") from None
-        try:
-            # before anything in the folder changes: the temporaries of a live run there are its writes in progress
-            self.lock = lock_log_dir(args.log_dir)
             try:
+                os.makedirs(args.log_dir, exist_ok=True)
+                # locked before anything in the folder changes: a live run's temporaries are its writes in progress
+                self.lock = lock_log_dir(args.log_dir)
                 for name in os.listdir(args.log_dir):  # left by a process killed while writing
                     if (final := temporary_of(name)) and (final == "log.txt" or CHECKPOINT_RE.match(final)):
                         os.remove(os.path.join(args.log_dir, name))
