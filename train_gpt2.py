@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import statistics
 import sys
 import tempfile
@@ -2120,10 +2121,18 @@ def lock_log_dir(log_dir):
         return None
     path = os.path.join(log_dir, LOG_DIR_LOCK)
     while True:
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a link is never followed
+            raise UserError(f"{path} is not a regular file (a link or a folder); remove it, or give another "
+                            "--log_dir (nothing was changed)")
         try:  # Python's descriptors are close-on-exec: a child process (W&B's service) does not hold the lock
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
+                         0o644)
         except OSError as e:
             raise UserError(f"cannot create {path} ({e.strerror or e}); pick another --log_dir") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # made a link or a fifo since the check above
+            os.close(fd)
+            raise UserError(f"{path} is not a regular file (a link or a folder); remove it, or give another "
+                            "--log_dir (nothing was changed)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

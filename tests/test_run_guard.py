@@ -284,3 +284,24 @@ def test_without_fcntl_or_file_locks_the_run_goes_on_unlocked(shards, tmp_path, 
     assert train_gpt2.lock_log_dir(str(tmp_path)) is None
     assert capsys.readouterr().err.startswith(f"warning: cannot lock --log_dir {tmp_path} ({os.strerror(errno.ENOLCK)})")
     assert not os.path.exists(tmp_path / train_gpt2.LOG_DIR_LOCK)
+
+
+@pytest.mark.parametrize("kind", ["link to a file", "dangling link", "folder"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_never_followed(shards, tmp_path, kind):
+    log_dir, target = tmp_path / "log", tmp_path / "precious.txt"
+    log_dir.mkdir()
+    lock = log_dir / train_gpt2.LOG_DIR_LOCK
+    if kind == "folder":
+        lock.mkdir()
+    else:
+        if kind == "link to a file":
+            target.write_text("keep me\n")
+        lock.symlink_to(target)
+
+    def state():
+        return sorted(os.listdir(tmp_path)), sorted(os.listdir(log_dir)), target.exists() and target.read_bytes()
+
+    before = state()
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "1"])
+    assert_one_line_error(result, str(lock), "not a regular file")
+    assert state() == before  # the link's target is neither truncated nor made
