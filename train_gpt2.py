@@ -1087,7 +1087,7 @@ RUN_PRESETS = {
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
 # flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
 NEEDS = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
-         "wandb_id": ("wandb", "PROJECT")}
+         "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 MAX_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 
 
@@ -1142,6 +1142,9 @@ def build_parser():
     g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
     g.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
+    g.add_argument("--tensorboard_run", default=None, metavar="NAME",
+                   help="the subfolder of --tensorboard DIR for this run's events (default: a new one named "
+                        "<start time>-<log_dir's name>; --resume continues the checkpoint's)")
     g.add_argument("--wandb", default=None, metavar="PROJECT",
                    help="also log the run's scalars to this Weights & Biases project "
                         "(needs `pip install wandb`; WANDB_MODE=offline logs locally)")
@@ -1253,9 +1256,11 @@ def check_args(args):
         if getattr(args, name) > MAX_RATE:
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {MAX_RATE:g} "
                             "(AdamW's usual range is ~1e-3)")
-    for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "wandb", "wandb_id"):
+    for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "tensorboard_run", "wandb", "wandb_id"):
         if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
             raise UserError(f"--{name} is empty; give a value, or drop the flag")
+    if args.tensorboard_run is not None and (args.tensorboard_run in (".", "..") or re.search(r"[/\\]", args.tensorboard_run)):
+        raise UserError(f"--tensorboard_run {args.tensorboard_run}: give a folder name, not a path")
     for name, (switch, value) in NEEDS.items():
         if name in args.explicit and not getattr(args, switch):
             preset = switch not in args.explicit and switch in RUN_PRESETS.get(args.model, {})
@@ -2180,6 +2185,26 @@ def unlock_log_dir(log_dir, fd):
     os.close(fd)
 
 
+def tensorboard_run_folder(args, fresh):
+    """The folder of this run's TensorBoard events: a subfolder of --tensorboard DIR of its own, so that
+    runs sharing DIR show as separate runs and a resume purges only its own run's later points. A fresh run
+    names a new one (start time and --log_dir's name) unless --tensorboard_run names it; a resumed run
+    continues the checkpoint's. The name is kept in args, and so in every checkpoint."""
+    if args.tensorboard_run:
+        folder = os.path.join(args.tensorboard, args.tensorboard_run)
+        if fresh and os.path.isdir(folder) and os.listdir(folder):
+            raise UserError(f"--tensorboard_run {args.tensorboard_run}: {folder} already holds another run's events; "
+                            "drop the flag (a new run gets a folder of its own) or name a new one")
+        return folder
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.path.basename(os.path.abspath(args.log_dir))}"
+    name, n = base, 1
+    while os.path.lexists(os.path.join(args.tensorboard, name)):  # two runs started in the same second
+        n += 1
+        name = f"{base}-{n}"
+    args.tensorboard_run = name
+    return os.path.join(args.tensorboard, name)
+
+
 class RunLog:
     """What rank 0 records of a run: log.txt in build-nanogpt's format (`<step> <kind> <value>`) and the
     same scalars for TensorBoard and W&B. A resumed run keeps the log up to its checkpoint's step and
@@ -2231,8 +2256,9 @@ class RunLog:
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            folder = tensorboard_run_folder(args, fresh=purge_step is None)
             try:
-                self.tensorboard = SummaryWriter(args.tensorboard, purge_step=purge_step)
+                self.tensorboard = SummaryWriter(folder, purge_step=purge_step)
             except OSError as e:
                 raise UserError(f"--tensorboard {args.tensorboard}: cannot write there ({e.strerror or e}); "
                                 "pick another folder") from None

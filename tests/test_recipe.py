@@ -314,7 +314,8 @@ def tracked(tmp_path_factory):
     with open(hella, "w") as f:
         for i in range(4):
             f.write(json.dumps({"ctx": f"Example {i}: a man", "endings": ["runs", "sits down", "eats", "sleeps"], "label": i}) + "\n")
-    dirs = {"log": str(tmp / "log"), "tensorboard": str(tmp / "tb"), "wandb": str(tmp / "wandb_dir")}
+    dirs = {"log": str(tmp / "log"), "tensorboard": str(tmp / "tb"), "wandb": str(tmp / "wandb_dir"),
+            "other_log": str(tmp / "other")}
     os.makedirs(dirs["wandb"])
     flags = list(TINY_FLAGS)
     flags[flags.index("--hellaswag_every") + 1] = "2"
@@ -327,6 +328,10 @@ def tracked(tmp_path_factory):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": dirs["wandb"], "WANDB_SILENT": "true"}
     first = run_script(cmd, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
+    if HAVE_TENSORBOARD:  # another run sharing the TensorBoard folder, with the same number of steps
+        other = run_script([*cmd[:cmd.index("--log_dir") + 1], dirs["other_log"], *cmd[cmd.index("--log_dir") + 2:],
+                            "--max_lr", "1e-3"], env=env)
+        assert other.returncode == 0, other.stderr[-3000:]
     os.remove(os.path.join(dirs["log"], "model_00003.pt"))  # as if the run died after step 1's checkpoint
     resumed = run_script([*cmd, "--resume"], env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -362,20 +367,32 @@ def test_tensorboard_events_follow_the_run_through_a_resume(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    acc = EventAccumulator(tracked["tensorboard"])
-    acc.Reload()
-    scalars = {}
-    for tag in acc.Tags()["scalars"]:
-        events = acc.Scalars(tag)
-        assert len({e.step for e in events}) == len(events), tag  # each step once
-        scalars[tag] = {e.step: e.value for e in events}
-    check_step_scalars(scalars, tracked["log"])
-    # the resumed writer purges the first life's events from step 2 on (the checkpoint was step 1's)
-    files = sorted(os.listdir(tracked["tensorboard"]), key=lambda n: int(n.split(".")[3]))
+    def scalars_of(folder):
+        acc = EventAccumulator(folder)
+        acc.Reload()
+        scalars = {}
+        for tag in acc.Tags()["scalars"]:
+            events = acc.Scalars(tag)
+            assert len({e.step for e in events}) == len(events), tag  # each step once
+            scalars[tag] = {e.step: e.value for e in events}
+        return scalars
+
+    # each run writes into a subfolder of its own, named in its checkpoints
+    run_folder = {name: torch.load(train_gpt2.find_checkpoints(tracked[name])[0], weights_only=True)["args"]["tensorboard_run"]
+                  for name in ("log", "other_log")}
+    assert sorted(os.listdir(tracked["tensorboard"])) == sorted(run_folder.values()) and len(set(run_folder.values())) == 2
+    mine = os.path.join(tracked["tensorboard"], run_folder["log"])
+    check_step_scalars(scalars_of(mine), tracked["log"])
+    # the resumed writer purges its own first life's events from step 2 on (the checkpoint was step 1's) ...
+    files = sorted(os.listdir(mine), key=lambda n: int(n.split(".")[3]))
     assert len(files) == 2
-    starts = [e.step for e in EventFileLoader(os.path.join(tracked["tensorboard"], files[1])).Load()
+    starts = [e.step for e in EventFileLoader(os.path.join(mine, files[1])).Load()
               if e.HasField("session_log") and e.session_log.status == e.session_log.START]
     assert starts == [2]
+    # ... and none of the other run's, whose curve is its log's
+    other = scalars_of(os.path.join(tracked["tensorboard"], run_folder["other_log"]))
+    assert_matches_log(other["train/loss"], read_log(tracked["other_log"])["train"], 6)
+    assert sorted(other["train/loss"]) == [0, 1, 2, 3]
 
 
 def wandb_records(path):
@@ -411,8 +428,8 @@ def test_wandb_offline_run_is_continued_after_resume(tracked):
     ckpt = torch.load(os.path.join(tracked["log"], "model_00001.pt"), weights_only=True)
     run_id = ckpt["args"]["wandb_id"]
     assert run_id
-    runs = sorted(glob.glob(os.path.join(tracked["wandb"], "wandb", "offline-run-*")))
-    assert len(runs) == 2 and all(r.endswith("-" + run_id) for r in runs)  # the resumed life logs into the same run
+    runs = sorted(glob.glob(os.path.join(tracked["wandb"], "wandb", f"offline-run-*-{run_id}")))
+    assert len(runs) == 2  # the resumed life logs into the same run (another run sharing the folder has its own id)
     lives = []
     for run in runs:
         scalars = {}
