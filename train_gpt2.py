@@ -1219,6 +1219,15 @@ def resume_args(argv, saved_args, master, saved_config=None):
     if isinstance(saved_config, dict):
         shape = {k: saved_config[k] for k in ("n_layer", "n_head", "n_embd") if k in saved_config}
         saved_args = {**saved_args, **shape}
+        if "model" in args.explicit and saved_args.get("init_from", "scratch") == "scratch":
+            # a preset is its shape (with the shape flags given beside it), whatever the run's --model said
+            asked = {**MODEL_PRESETS[args.model], **{k: getattr(args, k) for k in shape if k in args.explicit}}
+            if any(asked[k] != shape[k] for k in shape if k not in args.explicit):  # a flag given is checked below
+                have = ", ".join(f"{k} {v}" for k, v in shape.items())
+                raise UserError(f"--model {args.model} ({', '.join(f'{k} {asked[k]}' for k in shape)}) conflicts with "
+                                f"the checkpoint's model ({have}); drop the flag to resume, or use another --log_dir "
+                                "for a new run")
+            saved_args = {**saved_args, "model": args.model}
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
@@ -1595,14 +1604,12 @@ def run_config(args, ckpt):
 
 
 def check_init_from_shape(args, config):
-    """--init_from brings its shape: refuse --model/--n_layer/--n_head/--n_embd given on the command line
-    that ask for another (the same shape, e.g. repeated by a script, is fine)."""
-    asked = dict(MODEL_PRESETS[args.model]) if "model" in args.explicit else {}
-    asked.update({name: getattr(args, name) for name in ("n_layer", "n_head", "n_embd") if name in args.explicit})
-    wrong = [name for name, value in asked.items() if value != getattr(config, name)]
-    if wrong:
-        flags = (["--model " + args.model] if "model" in args.explicit else []) + [
-            f"--{name} {getattr(args, name)}" for name in ("n_layer", "n_head", "n_embd") if name in args.explicit]
+    """--init_from brings its shape (a --model preset brings only its run settings then): refuse
+    --n_layer/--n_head/--n_embd given on the command line that ask for another (the same shape, e.g.
+    repeated by a script, is fine)."""
+    flags = [f"--{name} {getattr(args, name)}" for name in ("n_layer", "n_head", "n_embd")
+             if name in args.explicit and getattr(args, name) != getattr(config, name)]
+    if flags:
         have = ", ".join(f"{name} {getattr(config, name)}" for name in ("n_layer", "n_head", "n_embd"))
         raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have {have}; "
                         "drop the shape flags (the weights bring their shape)")
@@ -2022,6 +2029,10 @@ def run_header(args, device, dtype, use_compile, world_size, model, grad_accum_s
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {grad_accum_steps} accumulation steps"]
+    if args.init_from != "scratch" and not args.resume:
+        preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
+        lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "
+                     "(a transformers config's dropout settings are not used)")
     if args.batch_size_warmup_tokens:
         lines.append(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} "
                      f"tokens per step over the first {args.batch_size_warmup_tokens:,} tokens")

@@ -186,11 +186,29 @@ def test_pruning_never_removes_the_newest_loadable_checkpoint(shards, tmp_path):
 def test_resume_refuses_another_model_preset(shards, tmp_path):
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
-    with pytest.raises(train_gpt2.UserError, match="--model d12 conflicts with the checkpoint's tiny"):
+    with pytest.raises(train_gpt2.UserError, match=re.escape(
+            "--model d12 (n_layer 12, n_head 12, n_embd 768) conflicts with the checkpoint's model (n_layer 2, n_head 2, "
+            "n_embd 32)")):
         train_gpt2.main(["--log_dir", log_dir, "--resume", "--model", "d12"])
     # the seed draws the data order: the loader keeps the checkpoint's, so another one is refused, not ignored
     with pytest.raises(train_gpt2.UserError, match="--seed 42 conflicts with the checkpoint's 1337"):
         train_gpt2.main(["--log_dir", log_dir, "--resume", "--seed", "42"])
+
+
+def test_resume_refuses_a_preset_of_another_shape_even_under_the_runs_own_preset_name(shards, tmp_path):
+    """A run of --model d12's name but --n_layer 2 --n_head 2 --n_embd 32: `--resume --model d12` asks for d12's
+    12 x 768 shape, not the checkpoint's; the preset's shape with the shape flags given is the run's."""
+    log_dir = str(tmp_path / "log")
+    flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--eval_every", "0"]
+    flags[flags.index("tiny")] = "d12"
+    train_gpt2.main([*flags, "--max_steps", "1"])
+    before = sorted(os.listdir(log_dir))
+    with pytest.raises(train_gpt2.UserError, match=re.escape("--model d12 (n_layer 12, n_head 12, n_embd 768) conflicts")):
+        train_gpt2.main(["--log_dir", log_dir, "--resume", "--model", "d12", "--max_steps", "2"])
+    assert sorted(os.listdir(log_dir)) == before
+    train_gpt2.main(["--log_dir", log_dir, "--resume", "--model", "d12", "--n_layer", "2", "--n_head", "2",
+                     "--n_embd", "32", "--max_steps", "2"])  # the preset with the run's shape flags is the run
+    assert sorted(read_log(log_dir)["train"]) == [0, 1]
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(shards, tmp_path, capsys):

@@ -209,13 +209,29 @@ def test_a_hub_model_too_big_for_memory_is_refused_before_any_download(shards, t
 
 
 @pytest.mark.parametrize("flags,named", [(["--n_layer", "8"], "--n_layer 8"), (["--n_head", "4"], "--n_head 4"),
-                                         (["--n_embd", "64"], "--n_embd 64"), (["--model", "d24"], "--model d24"),
-                                         (["--model", "tiny", "--n_layer", "2"], "--model tiny --n_layer 2")])
+                                         (["--n_embd", "64"], "--n_embd 64"),
+                                         (["--model", "tiny", "--n_layer", "3"], "--n_layer 3"),
+                                         (["--n_layer", "2", "--n_embd", "16"], "--n_embd 16")])
 def test_shape_flags_that_conflict_with_init_from_are_refused(hf_dirs, shards, tmp_path, capsys, flags, named):
     result = script_cli(capsys, train_gpt2.main, *TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
                         "--init_from", hf_dirs["default"], *flags)
     assert_cli_error(result, named, "conflicts with --init_from", "n_layer 2, n_head 2, n_embd 32")
     assert not (tmp_path / "log").exists()
+
+
+def test_a_preset_with_init_from_brings_its_run_settings_and_the_weights_their_shape(hf_dirs, shards, tmp_path, capsys):
+    """--model tiny (4 x 128) on a 2 x 32 directory: a fine-tuning command, not a conflict. The run has the
+    weights' shape and tiny's run settings (save_every 0, eval_every 10), and its header says so."""
+    log_dir = str(tmp_path / "log")
+    code, out, err = script_cli(capsys, train_gpt2.main, *TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
+                                "--init_from", hf_dirs["default"], "--model", "tiny")
+    assert code == 0, err
+    assert f"weights from --init_from {hf_dirs['default']}, with their shape; --model tiny brings only its run" in out
+    assert "trained without dropout" in out
+    ckpt = train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])
+    assert {k: ckpt["config"][k] for k in SHAPE} == SHAPE
+    assert (ckpt["args"]["save_every"], ckpt["args"]["eval_every"]) == (0, 10) == (
+        train_gpt2.RUN_PRESETS["tiny"]["save_every"], train_gpt2.RUN_PRESETS["tiny"]["eval_every"])
 
 
 def test_shape_flags_that_agree_with_init_from_train_its_weights(hf_dirs, shards, tmp_path):

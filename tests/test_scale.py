@@ -3,7 +3,7 @@
 How close is close enough: the reference is one process with the same total batch. Plain 2-process
 DDP differs from it only by float rounding (the same sums in another order), so the DDP-vs-one
 distance of the last weights is the noise scale (~3e-6 after 6 AdamW steps); a mode passes if its
-weights are within 4x that, its losses within the log's rounding, and its logged gradient norms
+weights are within 4x that, its losses within the log's rounding and fp32's reordering noise, and its logged gradient norms
 (before clipping) within their 4 printed decimals. A gradient summed over the ranks instead of
 averaged is 2x too large: clipping caps it and AdamW divides its scale out, so over a few steps it
 barely moves losses and weights, but the logged norm doubles. test_the_tolerance_catches_a_doubled_gradient
@@ -86,7 +86,10 @@ def assert_same_run(r, log_dir, stdout=None, reference="one"):
     a, b = read_log(ref_dir), read_log(log_dir)
     assert a["train"].keys() == b["train"].keys() and a["val"].keys() == b["val"].keys()
     for s in a["train"]:
-        assert abs(a["train"][s] - b["train"][s]) <= 2e-6, ("train", s, a["train"][s], b["train"][s])
+        # two values printed to 6 decimals (1e-6 of rounding), and the fp32 mean of the same per-token losses
+        # summed in another order (across ranks, then averaged): a few ulps of the loss per halving of the sum
+        tol = 1e-6 + 16 * 2**-24 * abs(a["train"][s])
+        assert abs(a["train"][s] - b["train"][s]) <= tol, ("train", s, a["train"][s], b["train"][s])
     for s in a["val"]:
         assert abs(a["val"][s] - b["val"][s]) <= 2e-4, ("val", s, a["val"][s], b["val"][s])
     if stdout is not None:
