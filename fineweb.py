@@ -39,6 +39,7 @@ KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar'
 BYTES_PER_TOKEN = 4
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
+REPEATED_INPUT = "its documents would be tokenized twice, and could be in both validation and train; drop one of them"
 CHUNK_CHARS = 1 << 18  # a long document is cut into pieces of about this many characters to be tokenized
 BATCH_CHARS = 1 << 18  # text per work item sent to a worker: pieces (or short documents) up to this many characters
 HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
@@ -462,7 +463,7 @@ def build_parser():
     p.add_argument("--split", default="train", help="its split")
     p.add_argument("--input", nargs="+", action="extend", metavar="FILE", help="local files instead of the hub: a .txt "
                    "is one document, a .jsonl line or .parquet row is one document; documents keep this order (that of "
-                   "all --input flags)")
+                   "all --input flags); a file given twice is refused")
     p.add_argument("--text_field", default="text", help="the field or column holding the text")
     p.add_argument("--download", metavar="REPO_ID",
                    help="instead of tokenizing: fetch the llm.c .bin shards of this hub dataset repo")
@@ -508,7 +509,8 @@ def check_args(args):
         raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
     if not args.text_field:
         raise UserError("--text_field must not be empty")
-    for path in [] if args.download else args.input or []:
+    files = {}  # (device, inode) of each --input: the index of the first given for it
+    for i, path in enumerate([] if args.download else args.input or []):
         if not os.path.isfile(path):
             what = ("is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path)
                     else "is not a regular file (a pipe or a device); save it to a file first"
@@ -518,6 +520,9 @@ def check_args(args):
             raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
         if path.lower().endswith(".parquet"):
             open_parquet(path, args.text_field)
+        stat = os.stat(path)  # a link, or another spelling of the path, is the same file
+        if (first := files.setdefault((stat.st_dev, stat.st_ino), i)) != i:
+            raise UserError(f"--input {args.input[first]} and {path} are the same file: {REPEATED_INPUT}")
     if args.prefix is None and args.input:
         args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local"
     elif args.prefix is None:
@@ -579,6 +584,10 @@ def output_args(args):
         args.input_stats = list(map(stat_of, args.input))  # taken before hashing: what changes later is seen
         inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)}
                   for p in args.input]
+        first = {}  # content hash of each non-empty --input: the index of the first with it (an empty one adds nothing)
+        for i, (path, entry) in enumerate(zip(args.input, inputs)):
+            if entry["bytes"] and (was := first.setdefault(entry["sha256_of_8MiB_blocks"], i)) != i:
+                raise UserError(f"--input {args.input[was]} and {path} hold the same content: {REPEATED_INPUT}")
         return dict(out, inputs=inputs)
     except OSError as e:
         raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None

@@ -312,6 +312,41 @@ def test_input_given_twice_reads_both(tmp_path, capsys):
     check_tokens(out, texts, 500)
 
 
+@pytest.mark.parametrize("how", ["in one flag", "in two flags", "spelt otherwise", "as a symbolic link", "as a hard link",
+                                 "as a copy"])
+def test_an_input_given_twice_is_refused(tmp_path, capsys, how):
+    """The same file twice (under any name, or a copy of it) would put its documents in the shards twice, and with
+    --val_tokens validation documents in train too: one line naming both spellings, before anything is written,
+    so an --overwrite deletes no shard. Two empty files repeat nothing (an empty .txt is a document of one token)."""
+    docs = [austen(i * 300, 300) for i in range(10)]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    a.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    b.write_text(austen(5000, 1000), encoding="utf-8")
+    again = {"in one flag": a, "in two flags": a, "spelt otherwise": f"{tmp_path}/./a.jsonl"}.get(how, tmp_path / "c.jsonl")
+    if how == "as a symbolic link":
+        os.symlink(a, again)
+    elif how == "as a hard link":
+        os.link(a, again)
+    elif how == "as a copy":
+        shutil.copy(a, again)
+    inputs = ["--input", a, b, again] if how != "in two flags" else ["--input", a, b, "--input", again]
+    flags = ["--shard_size", "500", "--num_proc", "1"]
+    needles = f"--input {a} and {again} ", "same content" if how == "as a copy" else "same file", "drop one"
+    new = tmp_path / "new"
+    assert_cli_error(fineweb_cli(capsys, *inputs, "--output_dir", new, "--val_tokens", "0.3", *flags), *needles)
+    assert not new.exists()
+    done = tmp_path / "done"
+    assert fineweb_cli(capsys, "--input", a, b, "--output_dir", done, *flags)[0] == 0
+    before = snapshot(done)
+    assert_cli_error(fineweb_cli(capsys, *inputs, "--output_dir", done, "--overwrite", *flags), *needles)
+    assert snapshot(done) == before
+    (tmp_path / "e1.txt").write_text("")
+    (tmp_path / "e2.txt").write_text("")
+    code, stdout, _ = fineweb_cli(capsys, "--input", a, tmp_path / "e1.txt", tmp_path / "e2.txt", "--output_dir",
+                                  tmp_path / "empty", *flags)
+    assert code == 0 and "of 12 documents" in stdout
+
+
 def test_dictionary_encoded_parquet_text_is_read(tmp_path, capsys):
     """A text column stored as a dictionary (pandas' category dtype writes one) is text like any other."""
     import pyarrow as pa
