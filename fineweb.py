@@ -39,11 +39,14 @@ KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar'
 BYTES_PER_TOKEN = 4
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 INPUT_TYPES = (".txt", ".jsonl", ".parquet")
+REPEATED_INPUT = "its documents would be tokenized twice, and could be in both validation and train; drop one of them"
 CHUNK_CHARS = 1 << 18  # a long document is cut into pieces of about this many characters to be tokenized
 BATCH_CHARS = 1 << 18  # text per work item sent to a worker: pieces (or short documents) up to this many characters
 HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
 HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
-BATCH_TOKENS = 64 * 1024 + 1  # one batch of train_gpt2.py at its defaults: its loader refuses a smaller shard
+# batch_size x seq_len of train_gpt2.py at its defaults and with --model tiny (its RUN_PRESETS; a test holds these to
+# the trainer's): one batch is that + 1 tokens (the last target), and the trainer reads no shard smaller than a batch
+DEFAULT_BATCH, TINY_BATCH = (64, 1024), (8, 256)
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
 # Where GPT-2's pre-tokenizer cuts anyway, so no pre-token reaches across: after "\S\n" before "\S" or "\n\S"
@@ -462,7 +465,7 @@ def build_parser():
     p.add_argument("--split", default="train", help="its split")
     p.add_argument("--input", nargs="+", action="extend", metavar="FILE", help="local files instead of the hub: a .txt "
                    "is one document, a .jsonl line or .parquet row is one document; documents keep this order (that of "
-                   "all --input flags)")
+                   "all --input flags); a file given twice is refused")
     p.add_argument("--text_field", default="text", help="the field or column holding the text")
     p.add_argument("--download", metavar="REPO_ID",
                    help="instead of tokenizing: fetch the llm.c .bin shards of this hub dataset repo")
@@ -508,7 +511,8 @@ def check_args(args):
         raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
     if not args.text_field:
         raise UserError("--text_field must not be empty")
-    for path in [] if args.download else args.input or []:
+    files = {}  # (device, inode) of each --input: the index of the first given for it
+    for i, path in enumerate([] if args.download else args.input or []):
         if not os.path.isfile(path):
             what = ("is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path)
                     else "is not a regular file (a pipe or a device); save it to a file first"
@@ -518,6 +522,9 @@ def check_args(args):
             raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
         if path.lower().endswith(".parquet"):
             open_parquet(path, args.text_field)
+        stat = os.stat(path)  # a link, or another spelling of the path, is the same file
+        if (first := files.setdefault((stat.st_dev, stat.st_ino), i)) != i:
+            raise UserError(f"--input {args.input[first]} and {path} are the same file: {REPEATED_INPUT}")
     if args.prefix is None and args.input:
         args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local"
     elif args.prefix is None:
@@ -579,6 +586,10 @@ def output_args(args):
         args.input_stats = list(map(stat_of, args.input))  # taken before hashing: what changes later is seen
         inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)}
                   for p in args.input]
+        first = {}  # content hash of each non-empty --input: the index of the first with it (an empty one adds nothing)
+        for i, (path, entry) in enumerate(zip(args.input, inputs)):
+            if entry["bytes"] and (was := first.setdefault(entry["sha256_of_8MiB_blocks"], i)) != i:
+                raise UserError(f"--input {args.input[was]} and {path} hold the same content: {REPEATED_INPUT}")
         return dict(out, inputs=inputs)
     except OSError as e:
         raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None
@@ -785,18 +796,29 @@ def report_split(args, shards, val):
         print(f"validation: {got:,} tokens ({got / total:.2%}) drawn from across the input (seed {args.seed})" + (
               f"; fewer than the {asked:,} asked for: units are drawn at random, at the rate the input's estimated "
               f"size (~{BYTES_PER_TOKEN} bytes per token) gives; ask for more, or give a fraction" if short else ""))
-    if args.shard_size < BATCH_TOKENS:
-        print(f"note: shards of {args.shard_size:,} tokens hold less than one batch of train_gpt2.py at its defaults "
-              f"({BATCH_TOKENS:,} = 64x1024+1): train with a --batch_size x --seq_len that fits, e.g. --model tiny")
+    if full := batch_fit(args.shard_size):
+        print(f"{full[0]}: shards of {args.shard_size:,} tokens hold {full[1]}")
     ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
     if "train" not in ends:
         print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "
               + ("--val_tokens" if val else f"--shard_size (now {args.shard_size:,})"))
-    for split, s in ends.items():
-        if s["tokens"] < BATCH_TOKENS < args.shard_size and (val or split == "train"):
-            print(f"warning: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, fewer than one "
-                  f"batch of train_gpt2.py at its defaults ({BATCH_TOKENS:,} = 64x1024+1), so a run at those cannot "
-                  "use it; a smaller --batch_size x --seq_len can")
+    for split, s in ends.items():  # (without --val_tokens, the val shard is shard 0: full unless it is the only one)
+        if (last := batch_fit(s["tokens"])) and last != full and (val or split == "train"):
+            print(f"{last[0]}: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, {last[1]}")
+
+
+def batch_fit(tokens):
+    """None if a shard of `tokens` tokens holds one batch of train_gpt2.py at its defaults, else (level, words): the
+    batches it is too small for, and what fits (--model tiny, the quick start's, or only a smaller batch)."""
+    (b, t), (tiny_b, tiny_t) = DEFAULT_BATCH, TINY_BATCH
+    if tokens > b * t:
+        return None
+    default, tiny = f"at its defaults ({b * t + 1:,} = {b}x{t}+1)", f"({tiny_b * tiny_t + 1:,} = {tiny_b}x{tiny_t}+1)"
+    if tokens > tiny_b * tiny_t:
+        return "note", (f"less than one batch of train_gpt2.py {default}, which reads no shard smaller than its "
+                        f"batch; --model tiny's batch {tiny} fits")
+    return "warning", (f"less than one batch of train_gpt2.py {default} or with --model tiny {tiny}, which reads no "
+                       "shard smaller than its batch; a smaller --batch_size x --seq_len fits")
 
 
 def download(args):

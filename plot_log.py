@@ -4,14 +4,17 @@ Plot a training run's log.txt as one PNG: losses, HellaSwag, and every other log
     python plot_log.py log/log.txt                  # writes log/plot.png
     python plot_log.py log --out run1.png           # a log folder works too
     python plot_log.py log --smooth 50              # + a 50-step moving average of the train loss
+    python plot_log.py log --no_zoom                # the loss axis fits every train and val point
 
 log.txt is what train_gpt2.py writes, build-nanogpt's format: one `<step> <kind> <value>` per line,
 where kind is any word. `<step> skipped <loss>` marks a non-finite step that was not applied: it is not
 plotted (older logs wrote it as `<step> train <loss> skipped`, read the same way).
 A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels, one per group:
 - losses: `train`, `val` and every kind ending in `loss`, with OpenAI GPT-2 124M's FineWeb-Edu val
-  loss as a reference; once the run has come down through 4.0 the y-axis shows 2.8-4.0 (as
-  build-nanogpt's play.ipynb does), else it fits the data; --smooth K adds a moving average;
+  loss as a reference; once the run has come down through 4.0 the y-axis zooms to 2.8-4.0 (build-nanogpt's
+  play.ipynb tops it at 4.0), cropping only the train loss: it is widened to keep every val point (and every
+  point of the other losses) in view; else, or with --no_zoom, it fits every point; --smooth K adds a moving
+  average;
 - HellaSwag (only when the log has `hella` lines): acc_norm, its 0.25 chance line, GPT-2 124M's and
   GPT-3 124M's numbers;
 - every other kind (`lr`, `mmlu`, ...) on a panel of its own.
@@ -19,8 +22,8 @@ A kind with no finite value (a run that diverged at once logs only nan) is left 
 nothing finite to plot is refused.
 A line of more than MAX_POINTS points is drawn from the lowest and highest of each run of consecutive
 points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still show.
-A reference line is drawn only where it lies within or near the run's values on that panel (within a
-quarter of their spread, or a tenth of their size), so a short run's curves are not squashed by it.
+A reference line is drawn only where it lies inside the panel's y-range, which the run's values (and the
+zoom) set and the line never widens, so a short run's curves are not squashed by it.
 
 --out must end in .png and be a new file or an existing PNG: the log itself, or any other existing file
 that is not a PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
@@ -37,6 +40,7 @@ GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanog
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it
 GPT3_124M_HELLASWAG = 0.337  # GPT-3 paper, the "small" model
 HELLASWAG_CHANCE = 0.25  # four endings
+ZOOM = (2.8, 4.0)  # loss range where runs are compared: build-nanogpt's play.ipynb tops it at 4.0; GPT-2's line shows
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KIND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")  # a word: what a log line's second field may be
 LOSS_PANEL, HELLA_PANEL = "loss", "HellaSwag"
@@ -120,13 +124,28 @@ def panels(series):
     return out
 
 
-def near(ref, values):
-    """Whether a reference line at ref lies within or near values' range (so it belongs on the plot)."""
-    if not values:
-        return False
-    lo, hi = min(values), max(values)
-    margin = max(0.25 * (hi - lo), 0.1 * max(abs(lo), abs(hi)))
-    return lo - margin <= ref <= hi + margin
+def loss_range(ax, series, kinds):
+    """The loss panel zoomed to ZOOM once the run has come down through its top, cropping only the train loss
+    (and its mean): the range is widened to hold every point of the other losses (val, ...) with a 5% margin."""
+    points = [v for kind in kinds for v in finite(*series[kind])[1]]
+    evals = [v for kind in kinds if kind != "train" for v in finite(*series[kind])[1]]
+    (bottom, top), lowest = ZOOM, min(points)
+    if not lowest < top < max(points):
+        return
+    bottom = min(bottom, lowest - 0.05)
+    if evals and max(evals) > top:
+        top = max(evals) + 0.05 * (max(evals) - bottom)
+    ax.set_ylim(bottom, top)
+
+
+def reference_lines(ax, lines):
+    """Each (y, color, label) that lies inside the panel's y-range, drawn as a dashed line: the range is the
+    data's (or the zoom's), and a line outside it would widen it, squashing the run's curves."""
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi)  # frozen: axhline takes part in autoscaling
+    for y, color, label in lines:
+        if lo <= y <= hi:
+            ax.axhline(y, color=color, ls="--", lw=1, label=label)
 
 
 def label_of(kind, values):
@@ -134,8 +153,9 @@ def label_of(kind, values):
     return name + (f" (last {values[-1]:.4g})" if values else "")
 
 
-def build_figure(series, title=None, smooth=0):
-    """The plot of parsed log series as a matplotlib Figure (not shown, not saved; no pyplot state)."""
+def build_figure(series, title=None, smooth=0, zoom=True):
+    """The plot of parsed log series as a matplotlib Figure (not shown, not saved; no pyplot state). zoom: the loss
+    panel's (loss_range); else it fits every point."""
     from matplotlib.figure import Figure
 
     groups = panels(series)
@@ -148,10 +168,8 @@ def build_figure(series, title=None, smooth=0):
     for ax in axes[len(groups):]:
         fig.delaxes(ax)
     for ax, (name, kinds) in zip(axes, groups):
-        shown = []
         for kind in kinds:
             steps, values = finite(*series[kind])
-            shown += values
             if name == LOSS_PANEL and kind == "train":
                 style = dict(lw=0.8, alpha=0.4 if smooth > 1 else 0.8)
             elif len(steps) > 30:
@@ -164,18 +182,14 @@ def build_figure(series, title=None, smooth=0):
                 ax.plot(*thinned(steps, avg), lw=1.5, color=ax.lines[-1].get_color(),
                         label=f"train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
         if name == LOSS_PANEL:
-            zoom = bool(shown) and min(shown) < 4.0 < max(shown)  # past the start: zoom to where runs are compared
-            if zoom or near(GPT2_124M_VAL_LOSS, shown):
-                ax.axhline(GPT2_124M_VAL_LOSS, color="r", ls="--", lw=1,
-                           label=f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")
             if zoom:
-                ax.set_ylim(min(2.8, min(shown) - 0.05), 4.0)
+                loss_range(ax, series, kinds)
+            reference_lines(ax, [(GPT2_124M_VAL_LOSS, "r", f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")])
             ax.set_ylabel("loss")
         elif name == HELLA_PANEL:
             ax.axhline(HELLASWAG_CHANCE, color="gray", ls=":", lw=1, label=f"chance {HELLASWAG_CHANCE}")
-            for ref, color, who in ((GPT2_124M_HELLASWAG, "r", "GPT-2"), (GPT3_124M_HELLASWAG, "g", "GPT-3")):
-                if near(ref, shown):
-                    ax.axhline(ref, color=color, ls="--", lw=1, label=f"OpenAI {who} (124M) {ref}")
+            reference_lines(ax, [(ref, color, f"OpenAI {who} (124M) {ref}") for ref, color, who in
+                                 ((GPT2_124M_HELLASWAG, "r", "GPT-2"), (GPT3_124M_HELLASWAG, "g", "GPT-3"))])
             ax.set_ylabel("acc_norm")
         else:
             ax.set_ylabel(name)
@@ -222,6 +236,10 @@ def build_parser():
     p.add_argument("--smooth", type=int, default=0, metavar="K",
                    help="also draw the mean of the last K train-loss points at each step over the raw curve "
                         "(0 or 1 = off)")
+    p.add_argument("--no_zoom", dest="zoom", action="store_false",
+                   help=f"the loss panel's y-axis covers every train and val point; without it, once the run has "
+                        f"come down through {ZOOM[1]} the axis shows {ZOOM[0]}-{ZOOM[1]}, widened to keep every val "
+                        "point in view")
     return p
 
 
@@ -241,7 +259,7 @@ def main(argv=None):
     try:
         with warnings.catch_warnings():  # numpy's overflow warnings, before the error below
             warnings.simplefilter("ignore", RuntimeWarning)
-            fig = build_figure(series, title=path, smooth=args.smooth)
+            fig = build_figure(series, title=path, smooth=args.smooth, zoom=args.zoom)
             # an existing plot is replaced only by a complete one; through a link, the PNG it points to is
             # (os.replace over the link itself would turn the user's link into a file of its own)
             with atomic_write(os.path.realpath(out)) as f:

@@ -312,6 +312,41 @@ def test_input_given_twice_reads_both(tmp_path, capsys):
     check_tokens(out, texts, 500)
 
 
+@pytest.mark.parametrize("how", ["in one flag", "in two flags", "spelt otherwise", "as a symbolic link", "as a hard link",
+                                 "as a copy"])
+def test_an_input_given_twice_is_refused(tmp_path, capsys, how):
+    """The same file twice (under any name, or a copy of it) would put its documents in the shards twice, and with
+    --val_tokens validation documents in train too: one line naming both spellings, before anything is written,
+    so an --overwrite deletes no shard. Two empty files repeat nothing (an empty .txt is a document of one token)."""
+    docs = [austen(i * 300, 300) for i in range(10)]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    a.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    b.write_text(austen(5000, 1000), encoding="utf-8")
+    again = {"in one flag": a, "in two flags": a, "spelt otherwise": f"{tmp_path}/./a.jsonl"}.get(how, tmp_path / "c.jsonl")
+    if how == "as a symbolic link":
+        os.symlink(a, again)
+    elif how == "as a hard link":
+        os.link(a, again)
+    elif how == "as a copy":
+        shutil.copy(a, again)
+    inputs = ["--input", a, b, again] if how != "in two flags" else ["--input", a, b, "--input", again]
+    flags = ["--shard_size", "500", "--num_proc", "1"]
+    needles = f"--input {a} and {again} ", "same content" if how == "as a copy" else "same file", "drop one"
+    new = tmp_path / "new"
+    assert_cli_error(fineweb_cli(capsys, *inputs, "--output_dir", new, "--val_tokens", "0.3", *flags), *needles)
+    assert not new.exists()
+    done = tmp_path / "done"
+    assert fineweb_cli(capsys, "--input", a, b, "--output_dir", done, *flags)[0] == 0
+    before = snapshot(done)
+    assert_cli_error(fineweb_cli(capsys, *inputs, "--output_dir", done, "--overwrite", *flags), *needles)
+    assert snapshot(done) == before
+    (tmp_path / "e1.txt").write_text("")
+    (tmp_path / "e2.txt").write_text("")
+    code, stdout, _ = fineweb_cli(capsys, "--input", a, tmp_path / "e1.txt", tmp_path / "e2.txt", "--output_dir",
+                                  tmp_path / "empty", *flags)
+    assert code == 0 and "of 12 documents" in stdout
+
+
 def test_dictionary_encoded_parquet_text_is_read(tmp_path, capsys):
     """A text column stored as a dictionary (pandas' category dtype writes one) is text like any other."""
     import pyarrow as pa
@@ -552,26 +587,54 @@ def test_bad_input_table_covers_every_flag():
 
 
 # -----------------------------------------------------------------------------
-# 5. A last shard too small for the trainer's batch
+# 5. Shards too small for the trainer's batch
 
 
-def test_small_last_shard_is_warned_about(tmp_path, capsys):
-    text = austen(0, 700000)
+def test_a_shard_smaller_than_a_batch_is_named_with_the_batches_that_fit(tmp_path, capsys):
+    """train_gpt2.py reads no shard smaller than one batch (batch_size x seq_len + 1 tokens). A last shard, or every
+    shard, smaller than the batch of its defaults gets one line naming that batch and the quick start's
+    (--model tiny): a note when tiny's fits, a warning when neither does. The numbers are the trainer's, and its
+    loader does what the line says."""
+    default_args, tiny_args = train_gpt2.parse_args([]), train_gpt2.parse_args(["--model", "tiny"])
+    default, tiny = (a.batch_size * a.seq_len + 1 for a in (default_args, tiny_args))
+    at_defaults, with_tiny = (f"({a.batch_size * a.seq_len + 1:,} = {a.batch_size}x{a.seq_len}+1)" for a in (default_args, tiny_args))
+    text = austen(0, 600000)
     (tmp_path / "book.txt").write_text(text, encoding="utf-8")
-    out = str(tmp_path / "out")
-    code, stdout, err = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", out, "--shard_size", "80000", "--num_proc", "2")
-    m = read_manifest(out)
-    warning = [ln for ln in stdout.splitlines() if ln.startswith("warning:")]
-    assert code == 0 and err == "" and len(m["shards"]) == 3 and len(warning) == 1 and m["shards"][-1]["name"] in warning[0]
-    # the warning is right: one batch of the trainer at its defaults needs more tokens than that shard holds
-    defaults = train_gpt2.build_parser().parse_args([])
-    assert m["shards"][-1]["tokens"] < defaults.batch_size * defaults.seq_len + 1 <= m["shards"][-2]["tokens"]
-    # shards all small by choice: no warning about the last one, a note that none holds a default batch
-    code, stdout, _ = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "small", "--shard_size", "30000", "--num_proc", "1")
-    assert code == 0 and "warning" not in stdout
-    assert f"shards of 30,000 tokens hold less than one batch of train_gpt2.py at its defaults ({defaults.batch_size * defaults.seq_len + 1:,}" in stdout
-    assert "note: shards of" not in fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / "big",
-                                                "--shard_size", "100000", "--num_proc", "1")[1]
+    total = 1 + len(train_gpt2.get_tokenizer().encode_ordinary(text))
+    assert (total - 10000) // 2 > default  # shards: val, train, and a last train shard of about 10,000 tokens or 1,000
+
+    def run(out, shard_size):
+        code, stdout, err = fineweb_cli(capsys, "--input", tmp_path / "book.txt", "--output_dir", tmp_path / out,
+                                        "--shard_size", shard_size, "--num_proc", "1")
+        assert code == 0 and err == "", err
+        return [ln for ln in stdout.splitlines() if ln.startswith(("note:", "warning:"))]
+
+    def loads(out, last, args):
+        """Whether the trainer's loader, at the batch of these arguments, reads that train shard."""
+        return last in train_gpt2.DataLoaderLite(str(tmp_path / out), "train", args.batch_size, args.seq_len).shards
+
+    # the quick start's case: a last shard between the two batches
+    lines = run("note", (total - 10000) // 2)
+    last = read_manifest(tmp_path / "note")["shards"][-1]
+    assert lines == [f"note: the last train shard {last['name']} holds only {last['tokens']:,} tokens, less than one batch "
+                     f"of train_gpt2.py at its defaults {at_defaults}, which reads no shard smaller than its batch; "
+                     f"--model tiny's batch {with_tiny} fits"]
+    assert tiny <= last["tokens"] < default  # the line is right, and the trainer's loader does what it says
+    last = os.path.join(tmp_path, "note", last["name"])
+    assert not loads("note", last, default_args) and loads("note", last, tiny_args)
+    # a last shard smaller than either batch
+    lines = run("warning", (total - 1000) // 2)
+    last = read_manifest(tmp_path / "warning")["shards"][-1]
+    assert last["tokens"] < tiny and len(lines) == 1
+    assert lines[0].startswith(f"warning: the last train shard {last['name']} holds only {last['tokens']:,} tokens")
+    assert f"at its defaults {at_defaults} or with --model tiny {with_tiny}, which" in lines[0]
+    # shards all small by choice: one line of them, none of the last; and none when they hold a default batch
+    assert run("small", 30000) == [f"note: shards of 30,000 tokens hold less than one batch of train_gpt2.py at its "
+                                   f"defaults {at_defaults}, which reads no shard smaller than its batch; "
+                                   f"--model tiny's batch {with_tiny} fits"]
+    lines = run("tiny", 2000)
+    assert len(lines) == 1 and lines[0].startswith("warning: shards of 2,000 tokens") and with_tiny in lines[0]
+    assert run("big", -(-total // 2)) == []
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):

@@ -135,29 +135,28 @@ def test_panels_and_their_data(tmp_path):
     assert list(train.get_ydata()) == [10.991234, 9.5, 7.25, 3.95, 3.5]
     assert list(find(labels, "val loss").get_ydata()) == [10.9876, 3.9]
     assert list(find(labels, "distill_loss").get_xdata()) == [5]  # a kind ending in 'loss' joins the losses
-    lo, hi = loss.get_ylim()  # came down through 4.0: build-nanogpt's zoom, showing the run's lowest
-    assert hi == PUBLISHED_LOSS_TOP and lo < min(3.5, PUBLISHED_GPT2_VAL_LOSS)  # loss and GPT-2's line
+    lo, hi = loss.get_ylim()  # came down through 4.0: zoomed to the run's lowest and GPT-2's line, and every val point
+    assert lo < min(3.5, PUBLISHED_GPT2_VAL_LOSS) and hi > 10.9876
+    assert list(find(labels, "OpenAI GPT-2").get_ydata()) == [PUBLISHED_GPT2_VAL_LOSS] * 2
     assert list(find(lines_by_label(lr), "lr").get_ydata()) == [6e-4, 5.5e-4]
     assert list(find(lines_by_label(mmlu), "mmlu").get_ydata()) == [0.31]
     assert fig._suptitle.get_text() == "run"
-    # HellaSwag: the run, and chance always; GPT-2's 0.2945 is near a 0.25-0.27 run, GPT-3's 0.337 is not
+    # HellaSwag: the run, and chance always; GPT-2's 0.2945 and GPT-3's 0.337 lie above a 0.25-0.27 run's picture
     labels = lines_by_label(hella)
     assert list(find(labels, "acc_norm").get_ydata()) == [0.25, 0.271]
     assert list(find(labels, "chance").get_ydata()) == [0.25, 0.25]
-    gpt2 = find(labels, "OpenAI GPT-2").get_ydata()
-    assert gpt2[0] == gpt2[1] and abs(gpt2[0] - PUBLISHED_GPT2_HELLASWAG) <= 5e-5  # at most rounded to 4 decimals
-    assert not any("GPT-3" in k for k in labels)
+    assert hella.get_ylim()[1] < PUBLISHED_GPT2_HELLASWAG and not any("OpenAI" in k for k in labels)
 
 
-def test_reference_lines_only_near_the_run(tmp_path):
+def test_reference_lines_only_inside_the_picture(tmp_path):
     # a short run, 11 -> 6: GPT-2's 3.29 would squash it, so it is left out, and no HellaSwag panel
     fig = figure(tmp_path, "".join(f"{s} train {11 - s / 2}\n" for s in range(11)) + "10 val 6.1\n")
     assert [ax.get_title() for ax in fig.axes] == ["loss"]
     assert not any("GPT-2" in k for k in lines_by_label(fig.axes[0]))
     lo, hi = fig.axes[0].get_ylim()
     assert 5.5 < lo < 6.0 and 11.0 < hi < 11.5  # fitted to the data
-    # a run ending at 3.3-3.6 without a 4.0 crossing: the line is in its range
-    fig = figure(tmp_path, "0 val 3.6\n1 val 3.3\n")
+    # a run from 3.6 down to 3.25 without a 4.0 crossing: the line is in its range
+    fig = figure(tmp_path, "0 val 3.6\n1 val 3.25\n")
     assert list(find(lines_by_label(fig.axes[0]), "OpenAI GPT-2").get_ydata()) == [PUBLISHED_GPT2_VAL_LOSS] * 2
     # HellaSwag at 0.30-0.34: both references
     fig = figure(tmp_path, "0 hella 0.30\n1 hella 0.34\n")
@@ -166,6 +165,37 @@ def test_reference_lines_only_near_the_run(tmp_path):
     assert abs(find(labels, "OpenAI GPT-2").get_ydata()[0] - PUBLISHED_GPT2_HELLASWAG) <= 5e-5
     assert list(find(labels, "OpenAI GPT-3").get_ydata()) == [PUBLISHED_GPT3_HELLASWAG] * 2
     assert list(find(labels, "chance").get_ydata()) == [0.25] * 2
+
+
+def assert_references_inside(ax):
+    """Every reference line drawn lies inside the panel's y-range, which it did not widen."""
+    lo, hi = ax.get_ylim()
+    assert all(lo <= line.get_ydata()[0] <= hi for k, line in lines_by_label(ax).items() if k.startswith("OpenAI"))
+
+
+def test_zoom_keeps_every_val_point_and_no_zoom_every_point(tmp_path):
+    """Once the run comes down through 4.0 the loss panel zooms to 2.8-4.0, but it crops only the train loss: one
+    noisy train point under 4.0 while val is still at 10.7-5.9 keeps the whole val curve in the picture. Reference
+    lines are drawn only inside the picture. --no_zoom fits every train and val point."""
+    train = "".join(f"{s} train {10.9 - 0.3 * s}\n" for s in range(21)) + "21 train 3.95\n"
+    fig = figure(tmp_path, train + "0 val 10.7\n10 val 7.5\n20 val 5.9\n")
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo <= 3.95 and hi >= 10.7  # every val point, and the lowest train one
+    assert_references_inside(fig.axes[0])
+    # val under 4.0 all along: build-nanogpt's top, the early train loss cropped; GPT-2's line inside
+    text = "".join(f"{s} train {11 - 0.8 * s}\n" for s in range(10)) + "5 val 3.9\n9 val 3.85\n"
+    fig = figure(tmp_path, text)
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo <= 2.8 and hi == PUBLISHED_LOSS_TOP
+    assert list(find(lines_by_label(fig.axes[0]), "OpenAI GPT-2").get_ydata()) == [PUBLISHED_GPT2_VAL_LOSS] * 2
+    # --no_zoom: 3.8 to 11, every point; GPT-2's 3.29 lies below that picture, so it is not drawn
+    fig = figure(tmp_path, text, zoom=False)
+    lo, hi = fig.axes[0].get_ylim()
+    assert PUBLISHED_GPT2_VAL_LOSS < lo <= 3.8 and hi >= 11
+    assert not any("GPT-2" in k for k in lines_by_label(fig.axes[0]))
+    log, out = str(tmp_path / "log.txt"), str(tmp_path / "plot.png")
+    assert plot_log.build_parser().parse_args([log, "--no_zoom"]).zoom is False
+    assert plot_log.main([log, "--no_zoom", "--out", out]) == out and (tmp_path / "plot.png").read_bytes()[:8] == PNG
 
 
 @pytest.mark.parametrize("k", [2, 3, 100])
@@ -312,8 +342,10 @@ def test_a_long_run_is_drawn_thinned_with_its_extremes(tmp_path):
 
 
 def test_numbers_too_large_to_draw_are_one_line(tmp_path):
-    path = write(tmp_path / "log.txt", "0 train 1e308\n1 train -1e308\n")
-    assert_one_line_error(run_script(["plot_log.py", path]), "too large to draw")
-    assert not os.path.exists(tmp_path / "plot.png")
+    """Values near float's limit: the axes' range overflows, fitted to them (--no_zoom) or widened for val points."""
+    for text, flags in (("0 train 1e308\n1 train -1e308\n", ["--no_zoom"]), ("0 val 1e308\n1 val -1e308\n", [])):
+        path = write(tmp_path / "log.txt", text)
+        assert_one_line_error(run_script(["plot_log.py", path, *flags]), "too large to draw")
+        assert not os.path.exists(tmp_path / "plot.png")
     with pytest.raises(UserError, match=":1: expected"):  # a step no run reaches
         plot_log.parse_log(write(tmp_path / "steps.txt", f"{2**63} train 3.0\n"))
