@@ -875,8 +875,17 @@ class ShuffledDataLoader(DataLoaderLite):
 # Learning-rate schedule
 
 
-def get_lr(step, max_lr, min_lr, warmup_steps, max_steps):
-    """Linear warmup for warmup_steps, then cosine decay to min_lr at max_steps, then min_lr."""
+def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, start=0, start_lr=None):
+    """Linear warmup for warmup_steps, then cosine decay to min_lr at max_steps, then min_lr.
+    A resume that changed the schedule (--schedule_change) may begin a new one at step `start`: with
+    start_lr, a cosine from start_lr down to min_lr at max_steps (stretch); without, the warmup and the
+    cosine begin again at `start` (restart)."""
+    if start_lr is not None:
+        if step >= max_steps:
+            return min_lr
+        coeff = 0.5 * (1.0 + math.cos(math.pi * (step - start) / max(1, max_steps - start)))
+        return min_lr + coeff * (start_lr - min_lr)
+    step, max_steps = step - start, max_steps - start
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
@@ -1125,6 +1134,11 @@ def build_parser():
     g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
+    g.add_argument("--schedule_change", default="recompute", choices=["recompute", "stretch", "restart"],
+                   help="--resume with another --max_steps/--warmup_steps/--max_lr/--min_lr_frac: recompute = the new "
+                        "settings' schedule from step 0 (the rate may jump at the resume step); stretch = from the rate "
+                        "at the resume step, a cosine down to the minimum at the new --max_steps; restart = a new warmup "
+                        "from the resume step, then the cosine")
     g.add_argument("--no_shuffle", action="store_true",
                    help="read the training shards and their documents in file order every epoch "
                         "(build-nanogpt's order); default: both shuffled each epoch from --seed")
@@ -1270,6 +1284,9 @@ def check_args(args):
             raise UserError(f"--{name} is empty; give a value, or drop the flag")
     if args.tensorboard_run is not None and (args.tensorboard_run in (".", "..") or re.search(r"[/\\]", args.tensorboard_run)):
         raise UserError(f"--tensorboard_run {args.tensorboard_run}: give a folder name, not a path")
+    if "schedule_change" in args.explicit and not args.resume:
+        raise UserError(f"--schedule_change {args.schedule_change} does nothing without --resume (it says what a "
+                        "resume that changes the schedule's flags does); drop it, or add --resume")
     for name, (switch, value) in NEEDS.items():
         if name in args.explicit and not getattr(args, switch):
             preset = switch not in args.explicit and switch in RUN_PRESETS.get(args.model, {})
@@ -1698,10 +1715,13 @@ def prune_checkpoints(log_dir, saved_step, keep):
                   file=sys.stderr)
 
 
-def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None, tokens=None):
-    """states: (model state, optimizer state) gathered by full_state_dicts under --zero 1 / --fsdp."""
+def save_run(path, model, optimizer, scaler, loader_state, step, args, device_type, states=None, tokens=None,
+             schedule=None):
+    """states: (model state, optimizer state) gathered by full_state_dicts under --zero 1 / --fsdp.
+    schedule: where the learning-rate schedule begins (get_lr's start, start_lr), if a resume moved it."""
     model_state, optimizer_state = states if states is not None else (model.state_dict(), optimizer.state_dict())
-    save_checkpoint(path, {
+    extra = {"schedule": schedule} if schedule and schedule != NEW_SCHEDULE else {}  # a plain run's file as before
+    save_checkpoint(path, {**extra,
         "model": model_state,
         "optimizer": optimizer_state,
         "step": step,
@@ -1835,7 +1855,7 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def train(args, ckpt=None, ckpt_path=None):
+def train(args, ckpt=None, ckpt_path=None, schedule=None):
     ddp, rank, local_rank, world_size, device = setup_distributed(args.device)
     master, device_type = rank == 0, device.split(":")[0]
     dtype = pick_dtype(args.dtype, device_type)
@@ -1883,11 +1903,13 @@ def train(args, ckpt=None, ckpt_path=None):
         say(run_header(args, device, dtype, use_compile, world_size, raw_model, grad_accum_steps))
         check_schedule(args, master)
         min_lr = args.max_lr * args.min_lr_frac
+        schedule = schedule or dict(NEW_SCHEDULE)
         bad_steps, step_times, val_loss, t_start = 0, [], None, time.time()
 
         def save(step, loader_state, states=None):  # rank 0; states: full_state_dicts' (model, optimizer) state
             path = checkpoint_path(args.log_dir, step)
-            save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen)
+            save_run(path, raw_model, optimizer, scaler, loader_state, step, args, device_type, states, tokens_seen,
+                     schedule)
             if args.keep_checkpoints:
                 prune_checkpoints(args.log_dir, step, args.keep_checkpoints)
             say(f"saved {path}")
@@ -1926,7 +1948,7 @@ def train(args, ckpt=None, ckpt_path=None):
                             "--resume continues from there")
                     raise
                 loss = all_reduce_mean(loss, ddp, world_size)
-                lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps)
+                lr = get_lr(step, args.max_lr, min_lr, args.warmup_steps, args.max_steps, **schedule)
                 norm, finite = apply_update(raw_model, optimizer, scaler, loss, lr, args.grad_clip)
                 if device_type == "cuda":
                     torch.cuda.synchronize()
@@ -2393,7 +2415,44 @@ def main(argv=None):
     check_log_dir(args.log_dir)
     if ckpt is not None and finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    train(args, ckpt, ckpt_path)
+    schedule = resumed_schedule(ckpt, args, master) if ckpt is not None else None
+    train(args, ckpt, ckpt_path, schedule)
+
+
+NEW_SCHEDULE = {"start": 0, "start_lr": None}  # get_lr's schedule from step 0
+SCHEDULE_ARGS = ("max_steps", "warmup_steps", "max_lr", "min_lr_frac")
+
+
+def resumed_schedule(ckpt, args, master):
+    """Where the resumed run's learning-rate schedule begins (get_lr's start, start_lr). When the command
+    line changes the schedule's flags, --schedule_change says what becomes of it from the resume step:
+    recompute (the schedule of the new flags, as if the run had always had them: the rate may jump), stretch
+    (from the rate it has now, a cosine down to the new minimum at the new --max_steps) or restart (a new
+    warmup to --max_lr, then the cosine). What the rate does at the resume step is said on the console."""
+    saved, schedule = ckpt.get("args", {}), ckpt.get("schedule", NEW_SCHEDULE)
+    if not isinstance(schedule, dict) or set(schedule) != set(NEW_SCHEDULE):
+        raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
+                        "it is damaged or not a checkpoint of train_gpt2.py")
+    before = {name: saved.get(name, getattr(args, name)) for name in SCHEDULE_ARGS}
+    if all(before[name] == getattr(args, name) for name in SCHEDULE_ARGS):
+        return schedule
+    step = ckpt["step"] + 1
+    lr_before = get_lr(step, before["max_lr"], before["max_lr"] * before["min_lr_frac"], before["warmup_steps"],
+                       before["max_steps"], **schedule)
+    if args.schedule_change == "stretch":
+        schedule = {"start": step, "start_lr": lr_before}
+    elif args.schedule_change == "restart":
+        schedule = {"start": step, "start_lr": None}
+    lr_now = get_lr(step, args.max_lr, args.max_lr * args.min_lr_frac, args.warmup_steps, args.max_steps, **schedule)
+    if master:
+        what = {"recompute": "the schedule of the new settings from step 0 (--schedule_change stretch continues from "
+                             "the rate it has, restart warms up again)",
+                "stretch": f"from there a cosine down to {args.max_lr * args.min_lr_frac:.4e} at step {args.max_steps}",
+                "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then a cosine to step "
+                           f"{args.max_steps}"}[args.schedule_change]
+        print(f"--resume: the learning-rate schedule changes: at step {step} the rate is {lr_now:.4e} "
+              f"({lr_before:.4e} under the checkpoint's settings); {what}")
+    return schedule
 
 
 def finished(step, max_steps, ckpt_path, master):

@@ -1,0 +1,90 @@
+"""What a resume that changes the learning-rate schedule's flags does (--schedule_change), step by step,
+against the warmup-and-cosine schedule written out again here.
+
+    python -m pytest -q tests/test_resume_schedule.py
+"""
+
+import math
+import os
+import re
+
+import pytest
+
+import train_gpt2
+from conftest import TINY_FLAGS, assert_cli_error, read_log, script_cli
+
+MAX_LR, MIN_LR, WARMUP = 3e-3, 3e-4, 2  # TINY_FLAGS' --max_lr and --warmup_steps; --min_lr_frac 0.1
+LR_RE = re.compile(r"step\s+(\d+)/\d+ \| loss \S+ \| lr (\S+) \|")
+
+
+def cosine(step, top, start, end):
+    """From `top` at step `start` down to MIN_LR at step `end` along half a cosine."""
+    return MIN_LR + 0.5 * (1 + math.cos(math.pi * (step - start) / (end - start))) * (top - MIN_LR)
+
+
+def schedule(step, max_steps, start=0):
+    """Warmup from `start` to MAX_LR over WARMUP steps, then the cosine to MIN_LR at max_steps."""
+    if step - start < WARMUP:
+        return MAX_LR * (step - start + 1) / WARMUP
+    return cosine(step, MAX_LR, start + WARMUP, max_steps) if step < max_steps else MIN_LR
+
+
+def printed_rates(out):
+    return {int(m.group(1)): float(m.group(2)) for m in LR_RE.finditer(out)}
+
+
+def assert_rates(got, want):
+    assert sorted(got) == sorted(want)
+    for step in want:  # printed with 4 decimals of the mantissa: half a unit of the last is < 5e-5 of the value
+        assert abs(got[step] - want[step]) <= 5e-5 * want[step], (step, got[step], want[step])
+
+
+@pytest.fixture
+def interrupted(shards, tmp_path, capsys, one_thread):
+    """A 10-step run that died after step 4's checkpoint: its flags and log folder."""
+    log_dir = str(tmp_path / "log")
+    flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--eval_every", "0"]
+    code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--max_steps", "10", "--save_every", "5")
+    assert code == 0, err
+    assert_rates(printed_rates(out), {s: schedule(s, 10) for s in range(10)})
+    os.remove(os.path.join(log_dir, "model_00009.pt"))
+    return flags, log_dir
+
+
+@pytest.mark.parametrize("choice", ["recompute", "stretch", "restart"])
+def test_a_longer_run_on_resume_follows_the_schedule_chosen(interrupted, capsys, choice):
+    flags, log_dir = interrupted
+    code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--resume", "--max_steps", "20", "--save_every", "4",
+                                "--schedule_change", choice)
+    assert code == 0, err
+    before = schedule(5, 10)  # where the interrupted run's schedule was at the resume step
+    want = {"recompute": {s: schedule(s, 20) for s in range(5, 20)},
+            "stretch": {s: cosine(s, before, 5, 20) for s in range(5, 20)},
+            "restart": {s: schedule(s, 20, start=5) for s in range(5, 20)}}[choice]
+    assert_rates(printed_rates(out), want)
+    said = next(line for line in out.splitlines() if "learning-rate schedule changes" in line)
+    assert f"at step 5 the rate is {want[5]:.4e} ({before:.4e} under the checkpoint's settings)" in said
+    assert sorted(read_log(log_dir)["train"]) == list(range(20))
+
+    # a later bare resume keeps the run's schedule, moved or not
+    for name in ("model_00015.pt", "model_00019.pt"):
+        os.remove(os.path.join(log_dir, name))
+    code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--resume")
+    assert code == 0, err
+    assert_rates(printed_rates(out), {s: want[s] for s in range(12, 20)})
+    assert "schedule changes" not in out
+
+
+def test_a_resume_that_changes_nothing_of_the_schedule_says_nothing(interrupted, capsys):
+    flags, _ = interrupted
+    code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--resume", "--schedule_change", "stretch")
+    assert code == 0, err
+    assert "schedule changes" not in out
+    assert_rates(printed_rates(out), {s: schedule(s, 10) for s in range(5, 10)})
+
+
+def test_schedule_change_without_resume_is_refused(shards, tmp_path, capsys):
+    result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
+                        "--max_steps", "2", "--schedule_change", "stretch")
+    assert_cli_error(result, "--schedule_change stretch does nothing without --resume")
+    assert not (tmp_path / "log").exists()
