@@ -1867,7 +1867,7 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
     rank0 = RankZeroSteps(ddp, master, device)
     try:
         seed_and_precision(args.seed, device_type)
-        grad_accum_steps = accumulation_steps(args, world_size)
+        grad_accum_steps = accumulation_steps(args, world_size, resuming=ckpt is not None)
         check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
@@ -2061,12 +2061,22 @@ def run_header(args, device, dtype, use_compile, world_size, model, grad_accum_s
     return "\n".join(lines)
 
 
-def accumulation_steps(args, world_size):
-    """Micro-batches per optimizer step on each process."""
+def accumulation_steps(args, world_size, resuming=False):
+    """Micro-batches per optimizer step on each process. A batch that does not split is refused, naming
+    what would split it: a resumed run's --total_batch_size is fixed, so the process counts that can take it."""
     per_micro_step = args.batch_size * args.seq_len * world_size
     if args.total_batch_size % per_micro_step:
+        row = args.batch_size * args.seq_len
+        counts = [n for n in range(1, args.total_batch_size // row + 1) if args.total_batch_size % (row * n) == 0]
+        if not resuming:
+            fix = "pick a multiple"
+        elif counts:
+            fix = (f"a resume keeps the run's --total_batch_size: run it on {', '.join(map(str, counts[:-1]))}"
+                   f"{' or ' if len(counts) > 1 else ''}{counts[-1]} processes, or give a --batch_size that splits it")
+        else:
+            fix = "a resume keeps the run's --total_batch_size: give a --batch_size that splits it"
         raise UserError(f"--total_batch_size {args.total_batch_size} is not divisible by batch_size*seq_len*world_size "
-                        f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; pick a multiple")
+                        f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; {fix}")
     return args.total_batch_size // per_micro_step
 
 
