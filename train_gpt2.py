@@ -1979,8 +1979,38 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
             say(optimizer_state_line(optimizer, world_size, device))
         say(run_summary(step_times, flops_per_token, peak, device_type, val_loss, time.time() - t_start,
                         tokens_seen, train_loader.total_tokens))
+    except RuntimeError as e:
+        if ddp and peer_gone(e):
+            raise peer_gone_error(e, args.log_dir, rank) from None
+        raise
     finally:
         run_log.close()
+
+
+# How a collective fails when another process of the run has ended (besides torch.distributed.DistError): gloo's
+# connection to it closes or resets, NCCL's communicator is aborted or its collective times out.
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|communicator was aborted|remote process exited|"
+                       r"[Tt]imed? ?out")
+
+
+def peer_gone(e):
+    import torch.distributed as dist
+
+    return isinstance(e, dist.DistError) or PEER_GONE.search(str(e)) is not None
+
+
+def peer_gone_error(e, log_dir, rank):
+    """The one line a process that outlived another of its run ends with: which checkpoint --resume takes.
+    Said by rank 0, and on every other node by its first process (which may have outlived rank 0); the
+    other processes end quietly (exit 2): one line per machine, not one per process."""
+    reason = PEER_GONE.search(str(e))
+    newest = find_checkpoints(log_dir)
+    resume = (f"`--resume` continues from {newest[0]}" if newest
+              else "it wrote no checkpoint yet, so the run starts over")
+    message = (f"another process of this run ended ({reason.group(0) if reason else brief(e)}), so this one stopped "
+               f"too; {resume}")
+    speaks = rank == 0 or (os.environ.get("LOCAL_RANK") == "0" and os.environ.get("GROUP_RANK", "0") != "0")
+    return UserError(message) if speaks else ReportedByRankZero(message)
 
 
 def check_batch_warmup(args, world_size):

@@ -32,12 +32,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_ranks(argv, nproc=2, rank0_setup=None):
-    """Run train_gpt2.py as the nproc ranks of one job; each rank's CompletedProcess, rank 0 first.
+def launch_ranks(argv, nproc=2, rank0_setup=None, script="train_gpt2.py"):
+    """Run train_gpt2.py (or script) as the nproc ranks of one job; each rank's CompletedProcess, rank 0 first.
     rank0_setup: a preexec_fn for rank 0 alone."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
-    cmd = [sys.executable, "train_gpt2.py", *argv]
+    cmd = [sys.executable, script, *argv]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, preexec_fn=rank0_setup if r == 0 else None)
              for r in range(nproc)]
@@ -320,3 +320,40 @@ def test_a_resume_on_a_process_count_that_cannot_split_the_batch_names_those_tha
                       "a resume keeps the run's --total_batch_size: run it on 1 or 3 processes, or give a --batch_size "
                       "that splits it"}, result.stderr
     assert folder_state(log_dir) == before
+
+
+# train_gpt2.py whose rank 1 dies by SIGKILL (no clean-up at all) on its Nth call of a function of train_gpt2
+DYING_RANK = """
+import os, signal, sys
+import common, train_gpt2
+name, n = sys.argv.pop(1), int(sys.argv.pop(1))
+real, calls = getattr(train_gpt2, name), []
+
+def dying(*args, **kwargs):
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+
+setattr(train_gpt2, name, dying)
+common.run_cli(train_gpt2.main)
+"""
+
+
+@pytest.mark.parametrize("where,name,n,newest", [("mid-step", "accumulate_gradients", 4, 2),
+                                                 ("mid-evaluation", "validation_loss", 3, 3)])
+def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to_resume(shards, tmp_path, where, name,
+                                                                                        n, newest):
+    """Rank 1 killed in its 4th step (step 3): rank 0 first saves step 2's state, as on any failure mid-step;
+    killed in its 3rd validation (step 4, validating every 2): the newest checkpoint is step 3's (saving every 2)."""
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_RANK)
+    log_dir = str(tmp_path / "log")
+    ranks = launch_ranks([name, str(n), *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8",
+                          "--eval_every", "2", "--save_every", "2"], script=str(script))
+    assert ranks[1].returncode == -signal.SIGKILL
+    checkpoint = os.path.join(log_dir, f"model_{newest:05d}.pt")
+    assert_one_line_error(ranks[0], "another process of this run ended", f"`--resume` continues from {checkpoint}")
+    assert train_gpt2.find_checkpoints(log_dir)[0] == checkpoint
+    train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8", "--resume"])
+    assert sorted(read_log(log_dir)["train"]) == list(range(8))  # and the run carries on from it
