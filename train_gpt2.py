@@ -1167,6 +1167,9 @@ def build_parser():
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --log_dir from its newest loadable checkpoint, with its settings "
                         "(fresh start if none)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start a new run in a --log_dir that holds an earlier run's checkpoints: they and its log.txt "
+                        "are deleted once the new run has passed its checks (without it, such a folder is refused)")
     g.add_argument("--max_bad_steps", type=int, default=10,
                    help="stop after this many non-finite steps in a row (each is skipped)")
     g = p.add_argument_group("system")
@@ -1200,7 +1203,7 @@ def build_parser():
     return p
 
 
-RUN_LOCAL_ARGS = ("log_dir", "resume")  # a resumed run takes these from today's command line only
+RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
 # what a resumed run cannot change: the model's shape, the batch, and the data order (--seed draws each epoch's shuffle)
 SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
 
@@ -2316,6 +2319,12 @@ class RunLog:
             raise
         if ckpt is not None:
             console(f"resuming from {ckpt_path} at step {ckpt['step'] + 1}")
+        for path in find_checkpoints(args.log_dir) if ckpt is None and args.overwrite else []:
+            try:  # asked for: the earlier run's checkpoints go, now that this run has passed its checks
+                os.remove(path)
+            except OSError as e:
+                raise UserError(f"--overwrite: cannot delete {path} ({e.strerror or e}); delete it yourself, "
+                                "or choose another --log_dir") from None
         try:
             if ckpt is not None:
                 trim_log(self.path, ckpt["step"])
@@ -2440,15 +2449,18 @@ def main(argv=None):
     args = parse_args(argv)
     master = int(os.environ.get("RANK", 0)) == 0
     ckpt_path, ckpt = None, None
+    if args.resume and args.overwrite:
+        raise UserError("--overwrite starts a new run over the one in --log_dir, --resume continues it; pick one")
     if args.resume:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master)
         if ckpt is not None:
             args = resume_args(argv, ckpt.get("args", {}), master, ckpt["config"])
         elif master:
             print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
-    elif find_checkpoints(args.log_dir):
+    elif find_checkpoints(args.log_dir) and not args.overwrite:
         raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
-                        "or choose another --log_dir (nothing was changed)")
+                        "--overwrite to start over in it (its checkpoints are deleted), or choose another --log_dir "
+                        "(nothing was changed)")
     check_args(args)
     check_scale_args(args)
     check_tracking(args)

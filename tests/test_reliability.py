@@ -401,3 +401,27 @@ def test_sigterm_to_torchrun_checkpoints_on_all_ranks_agreement(shards, tmp_path
     # continued by one process: the checkpoint's global data position makes that the same run
     train(shards, log_dir, "--max_steps", str(step + 2), "--eval_every", "0", "--save_every", "0", "--resume")
     assert sorted(read_log(log_dir)["train"]) == list(range(step + 2))
+
+
+def test_overwrite_starts_a_new_run_in_a_used_folder_and_nothing_else_does(shards, tmp_path, capsys):
+    """The README's benchmark command twice into one folder: refused without --overwrite, which deletes the
+    earlier run's checkpoints and log only once the new run has passed its checks; never with --resume."""
+    log_dir = str(tmp_path / "log")
+    bench = ["--max_steps", "3", "--eval_every", "0", "--save_every", "0"]
+    train(shards, log_dir, *bench)
+    (tmp_path / "log" / "notes.txt").write_text("mine")
+    before = sorted(os.listdir(log_dir)), log_text(log_dir)
+    assert before[0] == ["log.txt", "model_00002.pt", "notes.txt"]
+    with pytest.raises(train_gpt2.UserError, match="already holds checkpoints.*--overwrite to start over"):
+        train(shards, log_dir, *bench)
+    with pytest.raises(train_gpt2.UserError, match="--overwrite starts a new run .* --resume continues it"):
+        train(shards, log_dir, *bench, "--overwrite", "--resume")
+    with pytest.raises(train_gpt2.UserError, match="no manifest.json"):  # a refusal found in set-up deletes nothing
+        train(shards, log_dir, *bench, "--overwrite", "--verify_data")
+    assert (sorted(os.listdir(log_dir)), log_text(log_dir)) == before
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0", "--save_every", "0", "--overwrite")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt", "notes.txt"]
+    assert sorted(read_log(log_dir)["train"]) == [0, 1]
+    # --overwrite is not a setting of the run: its resume is an ordinary one
+    train(shards, log_dir, "--max_steps", "3", "--eval_every", "0", "--resume")
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
