@@ -1981,7 +1981,7 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
         if ddp:
             say(optimizer_state_line(optimizer, world_size, device))
         say(run_summary(step_times, flops_per_token, peak, device_type, val_loss, time.time() - t_start,
-                        tokens_seen, train_loader.total_tokens))
+                        tokens_seen, train_loader.total_tokens, start_step + len(step_times)))
     except RuntimeError as e:
         if ddp and peer_gone(e):
             raise peer_gone_error(e, args.log_dir, rank) from None
@@ -2417,11 +2417,12 @@ def format_seconds(seconds):
 
 
 def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, tokens_seen=None,
-                epoch_tokens=None):
-    """One line at the end of a run: the median step time after warm-up (the first steps compile
-    and fill caches), tokens/s, MFU, peak GPU memory, the tokens trained on in the whole run (and how many
-    epochs of the train split that is), the last val loss and the wall time. step_times: this session's
-    (seconds, tokens) of each step."""
+                epoch_tokens=None, run_steps=None):
+    """One line at the end of a run: the steps taken (this session's, and the run's when it was resumed),
+    the median step time after warm-up (the first steps compile and fill caches), tokens/s, MFU, peak memory
+    (the GPU's allocations on CUDA, else the process's resident memory), the tokens trained on in the whole
+    run (and how many epochs of the train split that is), the last val loss and the wall time. step_times:
+    this session's (seconds, tokens) of each step; run_steps: the run's steps so far, this session's included."""
     timed = step_times[min(len(step_times) // 5, 10):] or step_times
     if not timed:
         return "summary: no steps run"
@@ -2429,13 +2430,16 @@ def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, 
     ms = 1000 * statistics.median(seconds)
     # a fixed batch: from the median step; a batch still ramping up (--batch_size_warmup_tokens): over the timed steps
     tok_s = tokens[0] / (ms / 1000) if len(set(tokens)) == 1 else sum(tokens) / sum(seconds)
-    parts = [f"summary: {len(step_times)} step{'s' * (len(step_times) != 1)}",
-             f"median {ms:.1f} ms/step over the last {len(timed)}",
-             f"{tok_s:,.0f} tok/s"]
+    steps = f"{len(step_times)} step{'s' * (len(step_times) != 1)}"
+    if run_steps is not None and run_steps != len(step_times):  # resumed: the tokens below are the whole run's
+        steps += f" this session, {run_steps} in the run"
+    parts = [f"summary: {steps}", f"median {ms:.1f} ms/step over the last {len(timed)}", f"{tok_s:,.0f} tok/s"]
     if peak:
         parts.append(f"mfu {100 * flops_per_token * tok_s / peak:.1f}%")
     if device_type == "cuda":
         parts.append(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    elif (rss := peak_resident_bytes()) is not None:
+        parts.append(f"peak memory {rss / 2**30:.2f} GiB (resident)")
     if tokens_seen is not None:
         parts.append(f"{tokens_seen:,} tokens in the run"
                      + (f" ({tokens_seen / epoch_tokens:.2f} epochs)" if epoch_tokens else ""))
@@ -2443,6 +2447,16 @@ def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, 
         parts.append(f"val loss {val_loss:.4f}")
     parts.append(f"wall {format_seconds(wall)}")
     return " | ".join(parts)
+
+
+def peak_resident_bytes():
+    """The most memory this process has held resident (its peak RSS), or None where it cannot be read."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def main(argv=None):

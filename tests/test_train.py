@@ -189,3 +189,31 @@ def test_the_summary_counts_the_tokens_of_a_ramping_batch(shards, tmp_path, caps
     summary = next(ln for ln in out.splitlines() if ln.startswith("summary:"))
     got = float(re.search(r"\| ([\d,]+) tok/s", summary).group(1).replace(",", ""))
     assert abs(got - want) <= want * len(timed) * 0.005 / ms + 1  # dt printed to 0.01 ms, tok/s to 1
+
+
+def test_a_resumed_runs_summary_counts_this_sessions_steps_and_the_runs_tokens(shards, tmp_path, capsys):
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "4")
+    os.remove(os.path.join(log_dir, "model_00005.pt"))  # as if the run died after step 3's checkpoint
+    capsys.readouterr()
+    train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--resume")
+    summary = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
+    assert summary.startswith("summary: 2 steps this session, 6 in the run |"), summary
+    assert f"| {6 * 256:,} tokens in the run (" in summary, summary
+
+
+def kernel_memory_gib(field):
+    """A line of /proc/self/status (VmRSS: resident now, VmHWM: its peak), in GiB."""
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":"))) * 1024 / 2**30
+
+
+def test_a_cpu_runs_summary_gives_its_peak_resident_memory(shards, tmp_path, capsys):
+    """The process's peak resident set, as the kernel counts it, read here independently: at least what
+    was resident before the run, at most the peak after it (printed to 2 decimals)."""
+    before = kernel_memory_gib("VmRSS")
+    train(shards, str(tmp_path / "log"), "--max_steps", "2", "--eval_every", "0", "--save_every", "0")
+    after = kernel_memory_gib("VmHWM")
+    summary = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
+    got = float(re.search(r"\| peak memory ([\d.]+) GiB \(resident\) \|", summary).group(1))
+    assert before - 0.005 <= got <= after + 0.005, (before, got, after)
