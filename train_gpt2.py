@@ -1648,6 +1648,36 @@ def build_model(args, ckpt, config, device):
     return model.to(device)
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIPPED_TEXT = os.path.join(HERE, "data", "austen.txt")  # public-domain English text that comes with the repository
+SHIPPED_TEXT_SHARDS = os.path.join(HERE, "data", "tiny")  # its shards: README's quick start makes the same
+
+
+def laptop_data_dir(args, master):
+    """Where a fresh `--model tiny` run with no --data_dir finds its data when the default folder does not
+    exist: the shards of the text the repository ships (made on first use)."""
+    if args.model != "tiny" or "data_dir" in args.explicit or os.path.exists(args.data_dir):
+        return args.data_dir
+    if master:
+        console(f"note: no {args.data_dir}/ here: --model tiny trains on {os.path.relpath(SHIPPED_TEXT)}'s shards in "
+                f"{os.path.relpath(SHIPPED_TEXT_SHARDS)}/ (give --data_dir for your own, made by fineweb.py)")
+    return SHIPPED_TEXT_SHARDS
+
+
+def shard_shipped_text(data_dir):
+    """Make the shipped text's shards with fineweb.py, as the README's quick start does (a few seconds)."""
+    import subprocess
+
+    console(f"making {data_dir}/ from {SHIPPED_TEXT} with fineweb.py")
+    command = [sys.executable, os.path.join(HERE, "fineweb.py"), "--input", SHIPPED_TEXT, "--output_dir", data_dir,
+               "--shard_size", "1e5"]
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"cannot make {data_dir} from {SHIPPED_TEXT} ({last}); run `python fineweb.py --input "
+                        f"{SHIPPED_TEXT} --output_dir {data_dir} --shard_size 1e5` to see why")
+
+
 def verify_shards(data_dir):
     """Compare each shard named in data_dir/manifest.json with its recorded sha256."""
     path = os.path.join(data_dir, "manifest.json")
@@ -1874,6 +1904,9 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
         check_batch_warmup(args, world_size)
         config = run_config(args, ckpt)
         check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
+            rank0.run(shard_shipped_text, args.data_dir)  # the first run of --model tiny on a fresh clone
+            rank0.agree()
         if args.verify_data:
             rank0.run(verify_shards, args.data_dir)
             rank0.agree()
@@ -2475,6 +2508,8 @@ def main(argv=None):
         raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
                         "--overwrite to start over in it (its checkpoints are deleted), or choose another --log_dir "
                         "(nothing was changed)")
+    if ckpt is None:
+        args.data_dir = laptop_data_dir(args, master)
     check_args(args)
     check_scale_args(args)
     check_tracking(args)
