@@ -1400,12 +1400,12 @@ def full_state_dicts(raw_model, optimizer, zero, fsdp, master):
 
 
 def zero_optimizer_state(optimizer, master):
-    """AdamW.state_dict() of a ZeroRedundancyOptimizer's shares, on rank 0 (None on the others): what
-    consolidate_state_dict(to=0) and state_dict() return, tensor for tensor, without their cost. They
-    pickle each rank's whole share through broadcasts, and the copies that makes outlive each other
-    (a 1.9 GB rank of the 96M shape peaked at 5.4 GB, docs/scale.md). Here each rank sends its state
-    tensors one at a time, straight from its optimizer; rank 0 keeps its own and receives the others'
-    into new CPU tensors, so it holds the state the file needs and no more. Every rank must call it."""
+    """AdamW.state_dict() of a ZeroRedundancyOptimizer's shares on rank 0 (None on the others): the
+    dict consolidate_state_dict(to=0) + state_dict() give, tensor for tensor. Those pickle each rank's
+    whole share and broadcast the bytes; the copies made on the way took the sending rank of the 96M
+    shape from 1.4 to 5.4 GB (docs/scale.md). Here each rank sends its state tensors one at a time,
+    straight from its optimizer; rank 0 keeps its own and receives the others' into new CPU tensors,
+    so it holds the state the file needs and no more. Every rank must call it."""
     import torch.distributed as dist
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
