@@ -329,8 +329,10 @@ def tracked(tmp_path_factory):
     first = run_script(cmd, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     if HAVE_TENSORBOARD:  # another run sharing the TensorBoard folder, with the same number of steps
-        other = run_script([*cmd[:cmd.index("--log_dir") + 1], dirs["other_log"], *cmd[cmd.index("--log_dir") + 2:],
-                            "--max_lr", "1e-3"], env=env)
+        other = [*cmd[:cmd.index("--log_dir") + 1], dirs["other_log"], *cmd[cmd.index("--log_dir") + 2:], "--max_lr", "1e-3"]
+        if HAVE_WANDB:
+            other = other[:other.index("--wandb")] + other[other.index("--wandb") + 2:]
+        other = run_script(other, env=env)
         assert other.returncode == 0, other.stderr[-3000:]
     os.remove(os.path.join(dirs["log"], "model_00003.pt"))  # as if the run died after step 1's checkpoint
     resumed = run_script([*cmd, "--resume"], env=env)
