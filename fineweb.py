@@ -30,8 +30,10 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
-from common import CLIParser, UserError, atomic_write, brief, run_cli, sha256_file, temporary_of
-from train_gpt2 import EOT_TOKEN, SHARD_HEADER_INTS, get_tokenizer, list_shards, read_shard, write_shard
+from nanogpt.cli import CLIParser, UserError, brief, run_cli
+from nanogpt.files import atomic_write, sha256_file, temporary_of
+from nanogpt.shards import SHARD_HEADER_INTS, list_shards, read_shard, write_shard
+from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 
 DEFAULT_DATASET, DEFAULT_NAME = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar's ETA and the rate of --val_tokens N

@@ -28,11 +28,13 @@ import warnings
 
 import torch
 
-from common import CLIParser, UserError, run_cli
-from train_gpt2 import (EOT_TOKEN, autocast_context, check_export_dir, export_hf, get_tokenizer, gpt2_bpe_files,
-                        load_model, newest_checkpoint, pick_device, pick_dtype)
+from nanogpt.checkpoints import newest_checkpoint
+from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
+from nanogpt.hf import check_export_dir, export_hf
+from nanogpt.runtime import autocast_context, pick_device, pick_dtype
+from nanogpt.tokenizer import EOT_TOKEN, decode_sample, format_sample, get_tokenizer, gpt2_bpe_files
+from train_gpt2 import SAMPLE_PROMPT, load_model
 
-DEFAULT_PROMPT = "Hello, I'm a language model,"
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
 MIN_TEMPERATURE = 1e-6  # smaller is greedy in all but name, and far smaller overflows logits / temperature
 # what only sampling reads: --export_hf refuses them rather than ignore them (not --device: an export runs on
@@ -43,13 +45,10 @@ SAMPLING_FLAGS = ("prompt", "num_samples", "max_new_tokens", "temperature", "top
 
 def build_parser():
     p = CLIParser(description="Sample text from our GPT-2 checkpoints or OpenAI's GPT-2 weights.")
-    g = p.add_argument_group("model (one of)")
-    g.add_argument("--checkpoint", default=None, help="our model_*.pt, or a log dir (its newest checkpoint)")
-    g.add_argument("--init_from", default=None,
-                   help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
+    add_weights_flags(p.add_argument_group("model (one of)"))
     g = p.add_argument_group("sampling")
     g.add_argument("--prompt", default=None,
-                   help=f"text to continue (default: stdin when it is piped, else {DEFAULT_PROMPT!r}); "
+                   help=f"text to continue (default: stdin when it is piped, else {SAMPLE_PROMPT!r}); "
                         "'' starts from <|endoftext|>")
     g.add_argument("--num_samples", type=int, default=4,
                    help=f"samples to print, one after another (1 to {MAX_COUNT:,})")
@@ -65,16 +64,11 @@ def build_parser():
     g.add_argument("--no_stop", action="store_true",
                    help="keep going past <|endoftext|> (default: a sample ends there)")
     g = p.add_argument_group("system")
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu (auto with --int8: cpu)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                   help="autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; "
-                        "fp32 on cpu/mps and with --int8")
+    add_system_flags(g, compile_default=False, device_help=" (auto with --int8: cpu)",
+                     dtype_help="autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; fp32 on cpu/mps and "
+                                "with --int8", compile_help="default: off; compiling costs more than short samples save")
     g.add_argument("--int8", action="store_true",
                    help="sample from a dynamically int8-quantised copy of the model (every nn.Linear); CPU only")
-    g.add_argument("--compile", dest="compile", action="store_true", default=False,
-                   help="torch.compile the model's forward first "
-                        "(default: off; compiling costs more than short samples save)")
-    g.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly (the default)")
     g = p.add_argument_group("export")
     g.add_argument("--export_hf", default=None, metavar="DIR",
                    help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) "
@@ -167,7 +161,7 @@ def read_prompt(prompt):
             raise UserError("--prompt is not valid UTF-8 text; give the prompt in UTF-8") from None
         return prompt
     if sys.stdin is None or sys.stdin.isatty():
-        return DEFAULT_PROMPT
+        return SAMPLE_PROMPT
     if stdin_is_silent(sys.stdin):  # else a command run over ssh or srun, whose stdin stays open, seems to hang
         print("reading the prompt from stdin until it ends (Ctrl-D); --prompt TEXT gives one instead", file=sys.stderr)
     stream = getattr(sys.stdin, "buffer", None)  # the bytes: text stdin would replace or escape bad ones
@@ -183,7 +177,7 @@ def read_prompt(prompt):
         text = data
     if text.endswith("\n"):
         text = text[:-1]
-    return text if text else DEFAULT_PROMPT
+    return text if text else SAMPLE_PROMPT
 
 
 def save_gpt2_tokenizer(out_dir, context):
@@ -259,11 +253,8 @@ def main(argv=None):
             raise UserError(f"the model's next-token probabilities are NaN or inf (sample {i + 1}); "
                             "its weights or --dtype overflow: try --dtype fp32 or another checkpoint") from None
         new = out[0, len(tokens):].tolist()
-        if stop_token is not None and stop_token in new:
-            new = new[: new.index(stop_token)]
-        new_total += len(new)
-        print(f"--- sample {i + 1}/{args.num_samples} ---")
-        print(prompt + tokenizer.decode(new), flush=True)
+        new_total += new.index(stop_token) if stop_token in new else len(new)
+        print(format_sample(i, args.num_samples, prompt + decode_sample(tokenizer, new, stop_token)), flush=True)
     dt = time.time() - t0
     print(f"{new_total} new tokens in {dt:.1f}s ({new_total / max(dt, 1e-9):.1f} tokens/s)", file=sys.stderr)
 

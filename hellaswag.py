@@ -31,7 +31,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import CLIParser, UserError, atomic_write, run_cli
+from nanogpt.checkpoints import newest_checkpoint
+from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
+from nanogpt.files import atomic_write
+from nanogpt.runtime import autocast_context, is_out_of_memory, pick_dtype
+from nanogpt.tokenizer import get_tokenizer
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
@@ -317,25 +321,18 @@ def evaluate(model, examples, enc, device, rank=0, world_size=1, batch_size=None
 
 def build_parser():
     p = CLIParser(description="HellaSwag accuracy of our checkpoint or of HF GPT-2 weights.")
-    p.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
-    p.add_argument("--init_from", default=None,
-                   help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF GPT-2 directory")
+    add_weights_flags(p)
     p.add_argument("--data", default=None,
                    help="a local HellaSwag-format .jsonl (default: the val split, downloaded once into --cache_dir)")
     p.add_argument("--cache_dir", default=DEFAULT_CACHE_DIR, help="where the downloaded val split is kept")
-    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    p.add_argument("--dtype", default="fp32", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="autocast dtype: fp32 is exact; bf16 is what the training loop uses; auto = bf16 on CUDA GPUs "
-                        "that have it, else fp16; fp32 on cpu/mps")
     p.add_argument("--batch_size", type=int, default=None,
                    help="examples (of 4 rows) per forward pass (default: 32 on cuda, 8 elsewhere)")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples (default: all)")
     p.add_argument("--style", default="nanogpt", choices=STYLES,
                    help="nanogpt: build-nanogpt's rendering; harness: lm-evaluation-harness's")
-    p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile the model first "
-                        "(default: on for CUDA, off elsewhere; pays off for the full split)")
-    p.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
+    add_system_flags(p, dtype_default="fp32", compile_help="default: on for CUDA, off elsewhere; pays off for the "
+                     "full split", dtype_help="autocast dtype: fp32 is exact; bf16 is what the training loop uses; auto = "
+                     "bf16 on CUDA GPUs that have it, else fp16; fp32 on cpu/mps")
     return p
 
 
@@ -351,14 +348,10 @@ def parse_args(argv=None):
     return args
 
 
-def is_out_of_memory(e):
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
-
-
 def main(argv=None):
     import torch.distributed as dist
 
-    from train_gpt2 import autocast_context, get_tokenizer, load_model, newest_checkpoint, pick_dtype, setup_distributed
+    from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
     args = parse_args(argv)
     ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process

@@ -34,7 +34,8 @@ import os
 import re
 import warnings
 
-from common import CLIParser, UserError, atomic_write, run_cli
+from nanogpt.cli import CLIParser, UserError, run_cli
+from nanogpt.files import atomic_write
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanogpt's baseline line)
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it

@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import train_gpt2  # noqa: E402
+from nanogpt.shards import write_shard  # noqa: E402
 
 
 def cycle_tokens(n, period=48, seed=0):
@@ -30,7 +31,7 @@ def make_shards(data_dir, val_tokens=4096, train_tokens=(20000,), seed=0, random
     for i, n in enumerate(sizes):
         split = "val" if i == 0 else "train"
         tokens = rng.integers(0, 50257, n) if random else cycle_tokens(n, seed=seed)
-        train_gpt2.write_shard(os.path.join(data_dir, f"test_{split}_{i:06d}.bin"), tokens)
+        write_shard(os.path.join(data_dir, f"test_{split}_{i:06d}.bin"), tokens)
     return data_dir
 
 
@@ -131,13 +132,13 @@ def one_thread():
 
 def script_cli(capsys, main, *argv):
     """(exit code, stdout, stderr) of a script's command line, run in this process as `python SCRIPT.py`
-    runs it (common.run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
-    import common
+    runs it (run_cli: a UserError is one line and exit 2; any other exception is a traceback)."""
+    from nanogpt.cli import run_cli
 
     capsys.readouterr()
     code = 0
     try:
-        common.run_cli(lambda: main([str(a) for a in argv]))
+        run_cli(lambda: main([str(a) for a in argv]))
     except SystemExit as e:
         code = e.code
     out, err = capsys.readouterr()

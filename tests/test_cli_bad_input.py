@@ -17,7 +17,8 @@ import generate_tokens
 import hellaswag
 import plot_log
 from conftest import assert_one_line_error, run_script
-from train_gpt2 import GPT, GPTConfig, UserError
+from nanogpt.cli import UserError
+from train_gpt2 import GPT, GPTConfig
 
 NUMBERS = ["0", "-1", "nan", "inf", "-inf", "1e30", "abc", "", "1.5"]  # bad for a count of at least 1
 HUGE = str(2**63)

@@ -10,6 +10,7 @@ import generate_tokens
 import hellaswag
 import plot_log
 import train_gpt2
+from nanogpt.runtime import DTYPES
 
 PARSERS = {"hellaswag.py": hellaswag.build_parser, "generate_tokens.py": generate_tokens.build_parser,
            "plot_log.py": plot_log.build_parser}
@@ -41,7 +42,7 @@ def test_the_scripts_agree_on_dtype_and_compile(script):
     """The model-running scripts take the same --dtype values and the same --compile/--no_compile switch
     (the last one given wins), so a flag learnt on one works on the others."""
     parser = (train_gpt2.build_parser if script == "train_gpt2.py" else PARSERS[script])()
-    assert set(parser._option_string_actions["--dtype"].choices) == set(train_gpt2.DTYPES) | {"auto"}
+    assert set(parser._option_string_actions["--dtype"].choices) == set(DTYPES) | {"auto"}
     assert parser._option_string_actions["--compile"].dest == parser._option_string_actions["--no_compile"].dest
     assert parser.parse_args(["--compile", "--no_compile"]).compile is False
     assert parser.parse_args(["--no_compile", "--compile"]).compile is True
@@ -51,7 +52,7 @@ def test_parse_marked_names_the_flags_given_even_at_their_defaults():
     """args.explicit is what the command line gives, whatever the values: a flag given at its default
     value counts, a flag left out does not, and so do flags that accumulate (extend, store_true, a
     --no_ switch sharing its dest)."""
-    from common import CLIParser
+    from nanogpt.cli import CLIParser
 
     parser = CLIParser()
     parser.add_argument("--size", type=int, default=3)

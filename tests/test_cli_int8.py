@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import generate_tokens
-from train_gpt2 import GPT, GPTConfig, UserError, get_tokenizer
+from nanogpt.cli import UserError
+from nanogpt.tokenizer import get_tokenizer
+from train_gpt2 import GPT, GPTConfig
 
 
 @pytest.fixture(autouse=True, scope="module")

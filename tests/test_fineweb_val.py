@@ -17,6 +17,7 @@ import pytest
 
 import fineweb
 import train_gpt2
+from nanogpt.shards import list_shards
 from conftest import ROOT, assert_cli_error, fineweb_cli, run_script
 
 EOT = 50256
@@ -69,7 +70,7 @@ def write_inputs(d, txt=True):
 
 def split_tokens(d, split):
     """The split's tokens, its shards read in the trainer's order (list_shards: by name)."""
-    paths = train_gpt2.list_shards(d, split)
+    paths = list_shards(d, split)
     return np.concatenate([np.fromfile(p, dtype="<u2", offset=1024) for p in paths]).astype(np.int64) if paths else np.zeros(0, np.int64)
 
 
@@ -217,13 +218,14 @@ def test_output_does_not_depend_on_how_the_work_is_cut(tmp_path, monkeypatch):
 
 KILLER = """
 import os, signal, sys
-import common, fineweb
+import fineweb
+from nanogpt.files import temporary_name
 fineweb.CHUNK_CHARS, fineweb.BATCH_CHARS, fineweb.UNIT_CHARS = 700, 700, 300
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
     if calls[0] == 4:
-        with open(common.temporary_name(path), "wb") as f:  # half a shard in the temporary file, then the power goes
+        with open(temporary_name(path), "wb") as f:  # half a shard in the temporary file, then the power goes
             f.write(b"half a shard")
         os.kill(os.getpid(), signal.SIGKILL)
     return real(path, tokens)
@@ -304,7 +306,7 @@ def test_trainer_reads_both_splits(tmp_path):
         want = split_tokens(out, split)
         x, y = train_gpt2.DataLoaderLite(out, split, B=2, T=8).next_batch()
         assert np.array_equal(x.numpy().ravel(), want[:16]) and np.array_equal(y.numpy().ravel(), want[1:17])
-        assert all(f"_{split}_" in os.path.basename(p) for p in train_gpt2.list_shards(out, split))
+        assert all(f"_{split}_" in os.path.basename(p) for p in list_shards(out, split))
 
 
 def test_other_val_tokens_or_seed_is_refused(tmp_path, capsys):

@@ -18,7 +18,9 @@ import torch
 
 import generate_tokens
 from conftest import ROOT, assert_one_line_error, run_script, peaked_tiny_gpt
-from train_gpt2 import EOT_TOKEN, GPT, GPT2_VOCAB_SIZE, KVCache, UserError, get_tokenizer, sample_next_token
+from nanogpt.cli import UserError
+from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_tokenizer
+from train_gpt2 import GPT, KVCache, sample_next_token
 
 
 # -----------------------------------------------------------------------------
@@ -143,10 +145,10 @@ def test_cached_chunks_match_full_forward():
     full, _ = model(idx)
     cache = KVCache(model.config, 2, 32, "cpu", torch.float64)
     parts = [
-        model(idx[:, :5], kv_cache=cache)[0],  # the prefix: causal attention within it
-        model(idx[:, 5:9], kv_cache=cache)[0],  # a chunk after a prefix: the attn_mask branch
-        model(idx[:, 9:10], kv_cache=cache)[0],  # one token: attends to everything cached
-        model(idx[:, 10:14], kv_cache=cache)[0],  # another chunk
+        model.lm_head(model.hidden_states(idx[:, :5], cache)),  # the prefix: causal attention within it
+        model.lm_head(model.hidden_states(idx[:, 5:9], cache)),  # a chunk after a prefix: the attn_mask branch
+        model.lm_head(model.hidden_states(idx[:, 9:10], cache)),  # one token: attends to everything cached
+        model.lm_head(model.hidden_states(idx[:, 10:14], cache)),  # another chunk
     ]
     assert cache.pos == 14
     assert (torch.cat(parts, dim=1) - full).abs().max().item() <= 1e-9 * full.abs().max().item()

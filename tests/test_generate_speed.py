@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from conftest import peaked_tiny_gpt
-from train_gpt2 import GPT2_VOCAB_SIZE, export_hf
+from nanogpt.hf import export_hf
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

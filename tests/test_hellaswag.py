@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import hellaswag
 import train_gpt2
-from train_gpt2 import EOT_TOKEN, get_tokenizer
+from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, write_hellaswag
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "

@@ -16,6 +16,9 @@ from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 import generate_tokens
 import hellaswag
 import train_gpt2
+from nanogpt import arguments
+from nanogpt.checkpoints import find_checkpoints, load_checkpoint
+from nanogpt.hf import hf_to_our_state_dict
 from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, read_log, run_script,
                       script_cli, train, write_hellaswag)
 
@@ -101,7 +104,7 @@ def test_the_refused_settings_would_give_other_logits(hf_dirs, case):
     """Why they are refused: our GPT holding the same tensors computes something else than transformers."""
     hf = GPT2LMHeadModel.from_pretrained(hf_dirs[case])
     ours = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=64, vocab_size=hf.config.vocab_size, **SHAPE)).eval()
-    ours.load_state_dict(train_gpt2.hf_to_our_state_dict(hf.state_dict()))
+    ours.load_state_dict(hf_to_our_state_dict(hf.state_dict()))
     with torch.no_grad():
         logits, _ = ours(tokens())
     assert (logits - hf_logits(hf_dirs[case], tokens())).abs().max().item() > 10 * ROUNDING
@@ -178,7 +181,7 @@ def needs_gib(message):
 
 def test_the_memory_check_covers_init_from_runs(hf_dirs, shards, tmp_path, monkeypatch):
     """A batch whose logits cannot fit is refused for an --init_from run as for a scratch run of its shape."""
-    monkeypatch.setattr(train_gpt2, "available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: 8 * 2**30)
     big = ["--batch_size", "1500", "--total_batch_size", "48000", "--data_dir", shards, "--max_steps", "1"]
     with pytest.raises(train_gpt2.UserError, match="needs at least") as scratch:
         train_gpt2.main([*TINY_FLAGS, *big, "--log_dir", str(tmp_path / "a")])
@@ -201,7 +204,7 @@ def test_hub_names_have_their_models_shapes_without_a_download(name, params, mon
 
 
 def test_a_hub_model_too_big_for_memory_is_refused_before_any_download(shards, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_gpt2, "available_memory_bytes", lambda: 4 * 2**30)  # gpt2-xl's fp32 weights: 5.8 GiB
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: 4 * 2**30)  # gpt2-xl's fp32 weights: 5.8 GiB
     monkeypatch.setattr(train_gpt2.GPT, "from_pretrained", lambda name: pytest.fail("refused after loading"))
     with pytest.raises(train_gpt2.UserError, match="weights alone need .* than --init_from gpt2-xl"):
         train_gpt2.main([*TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
@@ -228,7 +231,7 @@ def test_a_preset_with_init_from_brings_its_run_settings_and_the_weights_their_s
     assert code == 0, err
     assert f"weights from --init_from {hf_dirs['default']}, with their shape; --model tiny brings only its run" in out
     assert "trained without dropout" in out
-    ckpt = train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])
+    ckpt = load_checkpoint(find_checkpoints(log_dir)[0])
     assert {k: ckpt["config"][k] for k in SHAPE} == SHAPE
     assert (ckpt["args"]["save_every"], ckpt["args"]["eval_every"]) == (0, 10) == (
         train_gpt2.RUN_PRESETS["tiny"]["save_every"], train_gpt2.RUN_PRESETS["tiny"]["eval_every"])
@@ -239,7 +242,7 @@ def test_shape_flags_that_agree_with_init_from_train_its_weights(hf_dirs, shards
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--init_from", hf_dirs["default"], "--max_steps", "1", "--eval_every", "0",
           "--save_every", "0", "--warmup_steps", "0", "--max_lr", "1e-9")  # the weights barely move
-    ours = train_gpt2.model_from_checkpoint(train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])).eval()
+    ours = train_gpt2.load_model(find_checkpoints(log_dir)[0]).eval()
     with torch.no_grad():
         logits, _ = ours(tokens())
     assert (logits - hf_logits(hf_dirs["default"], tokens())).abs().max().item() < 1e-3

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ROOT, run_script
-from train_gpt2 import GPT, GPTConfig, chunked_cross_entropy, default_loss_chunk_size
+from nanogpt.loss_head import chunked_cross_entropy, default_loss_chunk_size
+from train_gpt2 import GPT, GPTConfig
 
 U32 = 2.0**-24  # unit roundoff of fp32
 U_BF16 = 2.0**-8

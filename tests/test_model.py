@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from train_gpt2 import GPT, MODEL_PRESETS, GPTConfig, UserError
+from nanogpt.cli import UserError
+from train_gpt2 import GPT, MODEL_PRESETS, GPTConfig
 
 
 def hf_tiny(tmp_path, **kw):

@@ -10,7 +10,7 @@ import pytest
 
 import plot_log
 from conftest import assert_one_line_error, run_script
-from train_gpt2 import UserError
+from nanogpt.cli import UserError
 
 LOG = """0 val 10.9876
 0 hella 0.2500

@@ -15,6 +15,9 @@ import pytest
 import torch
 
 import train_gpt2
+from nanogpt.checkpoints import find_checkpoints
+from nanogpt.runtime import choose_compile
+from nanogpt.shards import read_shard, write_shard
 from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
 
 EOT = 50256
@@ -27,13 +30,13 @@ def document_shards(data_dir, lengths, seed=0, val_tokens=2048):
     into the last document. Returns the shards' token arrays."""
     os.makedirs(data_dir, exist_ok=True)
     rng = np.random.default_rng(seed)
-    train_gpt2.write_shard(os.path.join(data_dir, f"doc_val_{0:06d}.bin"), rng.integers(0, EOT, val_tokens))
+    write_shard(os.path.join(data_dir, f"doc_val_{0:06d}.bin"), rng.integers(0, EOT, val_tokens))
     out = []
     for i, n in enumerate(lengths, 1):
         tokens = rng.integers(0, EOT, n)
         cuts = np.sort(rng.choice(np.arange(1, n), size=max(1, n // 10), replace=False))
         tokens[0], tokens[cuts] = EOT, EOT
-        train_gpt2.write_shard(os.path.join(data_dir, f"doc_train_{i:06d}.bin"), tokens)
+        write_shard(os.path.join(data_dir, f"doc_train_{i:06d}.bin"), tokens)
         out.append(tokens)
     return out
 
@@ -86,7 +89,7 @@ def test_each_epoch_reads_every_document_once_in_a_new_order(tmp_path):
 def test_a_shard_without_end_of_text_is_one_document(tmp_path):
     document_shards(str(tmp_path), [16 * 3 + 1])
     plain = np.arange(1000, 1000 + 16 * 4 + 1)  # no 50256 at all, and tokens before any would be one document too
-    train_gpt2.write_shard(str(tmp_path / "doc_train_000002.bin"), plain)
+    write_shard(str(tmp_path / "doc_train_000002.bin"), plain)
     assert list(train_gpt2.document_starts(plain)) == [0]
     assert list(train_gpt2.document_starts(np.array([7, 8, EOT, 9, EOT]))) == [0, 2, 4]
     assert list(train_gpt2.document_starts(np.array([EOT, 9, EOT, EOT]), chunk=3)) == [0, 2, 3]
@@ -129,7 +132,7 @@ def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     args.no_shuffle = True
     plain = train_gpt2.training_loader(args, 0, 1, None)
     assert type(plain) is train_gpt2.DataLoaderLite
-    assert np.array_equal(plain.next_batch()[0].flatten().numpy(), train_gpt2.read_shard(str(tmp_path / "doc_train_000001.bin"))[:16])
+    assert np.array_equal(plain.next_batch()[0].flatten().numpy(), read_shard(str(tmp_path / "doc_train_000001.bin"))[:16])
 
 
 def val_run_is_the_same_shuffled_or_not(tmp):
@@ -141,7 +144,7 @@ def val_run_is_the_same_shuffled_or_not(tmp):
     rng = np.random.default_rng(1)
     val = rng.integers(0, EOT, 2048)
     val[::40] = EOT  # 52 documents of 40 tokens; a step-0 evaluation reads the first 257 tokens
-    train_gpt2.write_shard(os.path.join(data, f"doc_val_{0:06d}.bin"), val)
+    write_shard(os.path.join(data, f"doc_val_{0:06d}.bin"), val)
     losses = []
     for name, extra in (("shuffled", []), ("file_order", ["--no_shuffle"])):
         shuffled_run(data, os.path.join(tmp, name), "--max_steps", "1", "--eval_every", "1", "--save_every", "0",
@@ -380,7 +383,7 @@ def test_tensorboard_events_follow_the_run_through_a_resume(tracked):
         return scalars
 
     # each run writes into a subfolder of its own, named in its checkpoints
-    run_folder = {name: torch.load(train_gpt2.find_checkpoints(tracked[name])[0], weights_only=True)["args"]["tensorboard_run"]
+    run_folder = {name: torch.load(find_checkpoints(tracked[name])[0], weights_only=True)["args"]["tensorboard_run"]
                   for name in ("log", "other_log")}
     assert sorted(os.listdir(tracked["tensorboard"])) == sorted(run_folder.values()) and len(set(run_folder.values())) == 2
     mine = os.path.join(tracked["tensorboard"], run_folder["log"])
@@ -504,4 +507,4 @@ def test_explicit_compile_that_cannot_work_is_one_line(shards, tmp_path, monkeyp
     assert not (tmp_path / "log").exists()
     # an explicit --no_compile never probes
     monkeypatch.setattr(train_gpt2, "compile_problem", lambda device: pytest.fail("probed"))
-    assert train_gpt2.choose_compile(False, "cuda", print) is False
+    assert choose_compile(False, "cuda", print) is False

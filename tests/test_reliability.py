@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import train_gpt2
+from nanogpt.checkpoints import find_checkpoints, load_checkpoint
+from nanogpt.shards import read_shard, write_shard
 from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
                       max_weight_diff, read_log, run_script, torchrun, train, truncate_half)
 
@@ -95,7 +97,7 @@ def test_unloadable_newest_checkpoint_is_skipped(shards, tmp_path, capsys):
     assert "resuming from" in err.out and "model_00001.pt" in err.out
     assert sorted(read_log(log_dir)["train"]) == [0, 1, 2, 3, 4]
     # every checkpoint broken: an error, not a fresh start that would overwrite them
-    for path in train_gpt2.find_checkpoints(log_dir):
+    for path in find_checkpoints(log_dir):
         with open(path, "wb") as f:
             f.write(b"not a checkpoint")
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "6", "--resume"])
@@ -117,9 +119,9 @@ def test_signal_checkpoints_and_exits_cleanly(shards, tmp_path, sig):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "stopped by signal" in out
-    ckpts = train_gpt2.find_checkpoints(log_dir)
+    ckpts = find_checkpoints(log_dir)
     assert len(ckpts) == 1
-    step = train_gpt2.load_checkpoint(ckpts[0])["step"]
+    step = load_checkpoint(ckpts[0])["step"]
     assert max(read_log(log_dir)["train"]) == step >= 2
     train(shards, log_dir, "--max_steps", str(step + 3), "--eval_every", "0", "--save_every", "0", "--resume")
     assert sorted(read_log(log_dir)["train"]) == list(range(step + 3))
@@ -128,7 +130,9 @@ def test_signal_checkpoints_and_exits_cleanly(shards, tmp_path, sig):
 KILL_WRITER = """
 import sys, numpy as np, torch
 sys.path.insert(0, {root!r})
-import common, train_gpt2
+from nanogpt import files
+from nanogpt.checkpoints import save_checkpoint
+from nanogpt.shards import write_shard
 path, kind, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 STOP_AT = 1 << 20  # bytes of version k that reach the disk before the writer stops inside its write
 
@@ -162,14 +166,14 @@ class StopsMidWrite:
 
 
 real_open, version = open, 0
-common.open = lambda f, *a, **kw: StopsMidWrite(real_open(f, *a, **kw), f) if version == k else real_open(f, *a, **kw)
+files.open = lambda f, *a, **kw: StopsMidWrite(real_open(f, *a, **kw), f) if version == k else real_open(f, *a, **kw)
 for version in range(1, k + 1):  # versions 1 .. k-1 complete, then version k stops in the middle
     if kind == "checkpoint":  # the payload is built before the write begins
         payload = {{"model": {{"w": torch.full((4_000_000,), float(version))}}, "config": {{}}, "step": version}}
-        train_gpt2.save_checkpoint(path, payload)
+        save_checkpoint(path, payload)
     else:
         payload = np.full(4_000_000, version % 60000)
-        train_gpt2.write_shard(path, payload)
+        write_shard(path, payload)
 """
 
 
@@ -196,10 +200,10 @@ def test_sigkill_while_writing_leaves_a_loadable_file(tmp_path, kind):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         if kind == "checkpoint":
-            ckpt = train_gpt2.load_checkpoint(path)
+            ckpt = load_checkpoint(path)
             assert ckpt["step"] == k - 1 and torch.equal(ckpt["model"]["w"], torch.full((4_000_000,), float(k - 1)))
         else:
-            tokens = train_gpt2.read_shard(path)
+            tokens = read_shard(path)
             assert len(tokens) == 4_000_000 and np.all(tokens == k - 1)
 
 
@@ -238,7 +242,7 @@ def test_full_disk_keeps_the_last_good_checkpoint(shards, tmp_path, monkeypatch)
         train(shards, log_dir, "--max_steps", "4", "--eval_every", "0", "--save_every", "2")
     monkeypatch.undo()
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]  # no partial file, no temporary left
-    assert train_gpt2.load_checkpoint(os.path.join(log_dir, "model_00001.pt"))["step"] == 1
+    assert load_checkpoint(os.path.join(log_dir, "model_00001.pt"))["step"] == 1
 
 
 def test_a_file_size_limit_at_the_first_checkpoint_is_one_line(shards, tmp_path):
@@ -263,8 +267,8 @@ def poison_forward(monkeypatch, bad_calls):
     """Make the training forward passes whose index is in bad_calls return a NaN loss."""
     real_forward, count = train_gpt2.GPT.forward, [0]
 
-    def forward(self, idx, targets=None, kv_cache=None):
-        logits, loss = real_forward(self, idx, targets, kv_cache)
+    def forward(self, idx, targets=None):
+        logits, loss = real_forward(self, idx, targets)
         if self.training and targets is not None:
             if count[0] in bad_calls:
                 loss = loss * float("nan")
@@ -379,7 +383,7 @@ def test_brief_and_write_shard_digest(tmp_path):
     assert train_gpt2.brief(OSError()) == "OSError"  # an empty message must not crash the error path
     assert train_gpt2.brief(ValueError("first\nsecond")) == "ValueError: first"
     path = str(tmp_path / "t_train_000001.bin")
-    digest = train_gpt2.write_shard(path, np.arange(1000))
+    digest = write_shard(path, np.arange(1000))
     assert digest == hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
@@ -396,7 +400,7 @@ def test_sigterm_to_torchrun_checkpoints_on_all_ranks_agreement(shards, tmp_path
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert "stopped by signal" in out  # rank 0's word after the all-reduced stop flag and the checkpoint
-    step = train_gpt2.load_checkpoint(train_gpt2.find_checkpoints(log_dir)[0])["step"]
+    step = load_checkpoint(find_checkpoints(log_dir)[0])["step"]
     assert max(read_log(log_dir)["train"]) == step >= 2
     # continued by one process: the checkpoint's global data position makes that the same run
     train(shards, log_dir, "--max_steps", str(step + 2), "--eval_every", "0", "--save_every", "0", "--resume")

@@ -21,6 +21,8 @@ import sys
 import pytest
 
 import train_gpt2
+from nanogpt.checkpoints import find_checkpoints, prune_checkpoints
+from nanogpt.runlog import LOG_DIR_LOCK, lock_log_dir, unlock_log_dir
 from conftest import ROOT, TINY_FLAGS, assert_one_line_error, read_log, run_script, script_cli, torchrun, train, write_hellaswag
 
 LIMIT_S = 120  # a rank still running after this is waiting for a peer that is gone
@@ -93,9 +95,9 @@ def held_lock(tmp_path):
     """Hold a --log_dir's lock in this process, as a live run would: yields the folder."""
     log_dir = tmp_path / "log"
     log_dir.mkdir(exist_ok=True)
-    fd = train_gpt2.lock_log_dir(str(log_dir))
+    fd = lock_log_dir(str(log_dir))
     yield str(log_dir)
-    train_gpt2.unlock_log_dir(str(log_dir), fd)
+    unlock_log_dir(str(log_dir), fd)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,7 +192,7 @@ def test_a_checkpoint_that_cannot_be_pruned_is_kept_with_a_warning(tmp_path, mon
         remove(path)
 
     monkeypatch.setattr(os, "remove", refuse_one)
-    train_gpt2.prune_checkpoints(str(tmp_path), 4, 1)
+    prune_checkpoints(str(tmp_path), 4, 1)
     assert sorted(os.listdir(tmp_path)) == ["model_00001.pt", "model_00004.pt"]
     assert "cannot remove" in capsys.readouterr().err
 
@@ -204,7 +206,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_changes_nothing(shards
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "0", "--save_every", "1")
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt", "model_00001.pt"]  # no lock file: it went with the run
     resume = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "4", "--resume"]
-    fd = train_gpt2.lock_log_dir(log_dir)  # a live run's (another open file: this process is refused as another would be)
+    fd = lock_log_dir(log_dir)  # a live run's (another open file: this process is refused as another would be)
     try:
         before = folder_state(log_dir)
         code, _, err = script_cli(capsys, train_gpt2.main, *resume)
@@ -213,7 +215,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_changes_nothing(shards
                                      "(nothing was changed)\n")
         assert folder_state(log_dir) == before
     finally:
-        train_gpt2.unlock_log_dir(log_dir, fd)
+        unlock_log_dir(log_dir, fd)
     train_gpt2.main(resume)  # the lock was all that stood in the way
     assert sorted(read_log(log_dir)["train"]) == [0, 1, 2, 3]
 
@@ -237,7 +239,7 @@ def test_a_live_run_keeps_others_out_and_a_killed_one_blocks_nothing(shards, tmp
     finally:
         first.kill()
         first.communicate()
-    assert train_gpt2.LOG_DIR_LOCK in os.listdir(log_dir)
+    assert LOG_DIR_LOCK in os.listdir(log_dir)
     train(shards, log_dir, "--max_steps", "1", "--eval_every", "0")
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00000.pt"]
 
@@ -249,9 +251,9 @@ def test_readers_of_a_folder_in_use_are_not_blocked_nor_confused_by_the_lock(sha
 
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "1", "--save_every", "1")
-    fd = train_gpt2.lock_log_dir(log_dir)  # a run is using the folder
+    fd = lock_log_dir(log_dir)  # a run is using the folder
     try:
-        assert train_gpt2.find_checkpoints(log_dir) == [os.path.join(log_dir, f"model_0000{s}.pt") for s in (1, 0)]
+        assert find_checkpoints(log_dir) == [os.path.join(log_dir, f"model_0000{s}.pt") for s in (1, 0)]
         code, out, err = script_cli(capsys, generate_tokens.main, "--checkpoint", log_dir, "--device", "cpu", "--prompt",
                                     "Hello", "--num_samples", "1", "--max_new_tokens", "4")
         assert code == 0 and out.strip(), err
@@ -269,7 +271,7 @@ def test_readers_of_a_folder_in_use_are_not_blocked_nor_confused_by_the_lock(sha
 
 def test_without_fcntl_or_file_locks_the_run_goes_on_unlocked(shards, tmp_path, monkeypatch, capsys, one_thread):
     monkeypatch.setitem(sys.modules, "fcntl", None)  # Windows: the import fails
-    assert train_gpt2.lock_log_dir(str(tmp_path)) is None
+    assert lock_log_dir(str(tmp_path)) is None
     train(shards, str(tmp_path / "log"), "--max_steps", "1", "--eval_every", "0")
     assert sorted(os.listdir(tmp_path / "log")) == ["log.txt", "model_00000.pt"]
     monkeypatch.undo()
@@ -281,16 +283,16 @@ def test_without_fcntl_or_file_locks_the_run_goes_on_unlocked(shards, tmp_path, 
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     capsys.readouterr()
-    assert train_gpt2.lock_log_dir(str(tmp_path)) is None
+    assert lock_log_dir(str(tmp_path)) is None
     assert capsys.readouterr().err.startswith(f"warning: cannot lock --log_dir {tmp_path} ({os.strerror(errno.ENOLCK)})")
-    assert not os.path.exists(tmp_path / train_gpt2.LOG_DIR_LOCK)
+    assert not os.path.exists(tmp_path / LOG_DIR_LOCK)
 
 
 @pytest.mark.parametrize("kind", ["link to a file", "dangling link", "folder"])
 def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_never_followed(shards, tmp_path, kind):
     log_dir, target = tmp_path / "log", tmp_path / "precious.txt"
     log_dir.mkdir()
-    lock = log_dir / train_gpt2.LOG_DIR_LOCK
+    lock = log_dir / LOG_DIR_LOCK
     if kind == "folder":
         lock.mkdir()
     else:
@@ -323,7 +325,8 @@ def test_a_resume_on_a_process_count_that_cannot_split_the_batch_names_those_tha
 # train_gpt2.py whose rank 1 dies by SIGKILL (no clean-up at all) on its Nth call of a function of train_gpt2
 DYING_RANK = """
 import os, signal, sys
-import common, train_gpt2
+import train_gpt2
+from nanogpt.cli import run_cli
 name, n = sys.argv.pop(1), int(sys.argv.pop(1))
 real, calls = getattr(train_gpt2, name), []
 
@@ -334,11 +337,11 @@ def dying(*args, **kwargs):
     return real(*args, **kwargs)
 
 setattr(train_gpt2, name, dying)
-common.run_cli(train_gpt2.main)
+run_cli(train_gpt2.main)
 """
 
 
-@pytest.mark.parametrize("where,name,n,newest", [("mid-step", "accumulate_gradients", 4, 2),
+@pytest.mark.parametrize("where,name,n,newest", [("mid-step", "sync_gradients", 4, 2),
                                                  ("mid-evaluation", "validation_loss", 3, 3)])
 def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to_resume(shards, tmp_path, where, name,
                                                                                         n, newest):
@@ -352,6 +355,6 @@ def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to
     assert ranks[1].returncode == -signal.SIGKILL
     checkpoint = os.path.join(log_dir, f"model_{newest:05d}.pt")
     assert_one_line_error(ranks[0], "another process of this run ended", f"`--resume` continues from {checkpoint}")
-    assert train_gpt2.find_checkpoints(log_dir)[0] == checkpoint
+    assert find_checkpoints(log_dir)[0] == checkpoint
     train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8", "--resume"])
     assert sorted(read_log(log_dir)["train"]) == list(range(8))  # and the run carries on from it

@@ -82,7 +82,7 @@ def test_other_oserrors_are_not_taken_for_stdout(tmp_path, buffered):
     """An OSError of another file is the script's own to report (here: unhandled, a traceback), even while
     stdout is /dev/full, as long as nothing failed to reach stdout; a script's one-line error stays its own."""
     script = tmp_path / "script.py"
-    script.write_text("import errno, sys\nfrom common import UserError, run_cli\n"
+    script.write_text("import errno, sys\nfrom nanogpt.cli import UserError, run_cli\n"
                       "def main():\n"
                       "    if sys.argv[1] == 'user':\n"
                       "        raise UserError('bad flag')\n"
@@ -100,7 +100,7 @@ def test_a_stdout_failure_a_script_reports_as_its_own_is_named_as_stdout(tmp_pat
     """fineweb.py turns any OSError while making shards into 'cannot write shards ...'; when the OSError was
     stdout's, the line says so instead (and a reader that left, `| head`, ends quietly with 141)."""
     script = tmp_path / "script.py"
-    script.write_text("from common import UserError, run_cli\n"
+    script.write_text("from nanogpt.cli import UserError, run_cli\n"
                       "def main():\n"
                       "    try:\n"
                       "        for i in range(100000):\n"
@@ -118,7 +118,7 @@ def test_a_stdout_failure_a_script_reports_as_its_own_is_named_as_stdout(tmp_pat
 def test_output_written_through_the_buffer_is_caught_at_the_last_flush(tmp_path):
     """Bytes written to sys.stdout.buffer (buffered stdout) fail only when flushed: at exit, one line."""
     script = tmp_path / "script.py"
-    script.write_text("import sys\nfrom common import run_cli\n"
+    script.write_text("import sys\nfrom nanogpt.cli import run_cli\n"
                       "run_cli(lambda: sys.stdout.buffer.write(b'x' * 100))\n")
     assert_stdout_error(*run([str(script)], "/dev/full", buffered=True))
     code, err = run([str(script)], os.devnull, buffered=True)

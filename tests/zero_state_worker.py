@@ -5,7 +5,7 @@ both ways from one ZeroRedundancyOptimizer.
 
 Every rank builds the same small GPT (a 64-token vocabulary, so that no tensor dominates and every
 rank owns several of them), takes two AdamW steps with the same random gradients, then calls
-train_gpt2.full_state_dicts (what a checkpoint saves) and ZeroRedundancyOptimizer's own
+full_state_dicts (what a checkpoint saves) and ZeroRedundancyOptimizer's own
 consolidate_state_dict(to=0) + state_dict(). Rank 0 writes both to OUT.pt, with the rank that owns
 each parameter index.
 """
@@ -19,8 +19,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import common  # noqa: E402
 import train_gpt2  # noqa: E402
+from nanogpt.cli import run_cli
+from nanogpt.sharding import full_state_dicts  # noqa: E402
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=g)
         optimizer.step()
-    _, streamed = train_gpt2.full_state_dicts(model, optimizer, zero=True, fsdp=False, master=rank == 0)
+    _, streamed = full_state_dicts(model, optimizer, zero=True, fsdp=False, master=rank == 0)
     optimizer.consolidate_state_dict(to=0)
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     owned = [index[id(p)] for p in optimizer.optim.state]
@@ -48,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    common.run_cli(main)
+    run_cli(main)

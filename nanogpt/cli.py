@@ -1,27 +1,21 @@
 """
-Plumbing every script shares, and nothing else: user errors and the CLI runner, the argument parser,
-atomic file writes. It imports none of the project's scripts (so no script imports another that
-imports it back) and not torch (so plot_log.py starts fast).
+The command line every script shares: user errors and the runner that prints them as one line, the
+argument parser, and the flags several scripts take (--device, --dtype, --compile, --checkpoint,
+--init_from), defined once. Imports neither torch nor any script.
 """
 
 import argparse
-import hashlib
 import os
-import re
-import secrets
 import sys
-from contextlib import contextmanager
 
 
 class UserError(Exception):
     """A problem the user can fix (bad flag, missing data, broken file). run_cli prints it as one line."""
 
-
 class ReportedByRankZero(UserError):
     """The failure of a step only torchrun's rank 0 takes (its log folder, a checkpoint), raised on the
     other ranks too so that every rank leaves at the same point: rank 0 reports it, and run_cli ends the
     others with exit code 2 and no second copy of it."""
-
 
 def brief(e):
     """An exception as a short single line, for error messages."""
@@ -30,7 +24,6 @@ def brief(e):
     if text.endswith(":") and len(lines) > 1:  # "Error(s) in loading state_dict for GPT:" names nothing yet
         text += " " + lines[1]
     return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
-
 
 def run_cli(main_fn):
     """Run a script's main(): a UserError becomes one line on stderr and exit code 2, not a traceback.
@@ -73,7 +66,6 @@ def run_cli(main_fn):
     if code is not None:
         sys.exit(code)
 
-
 def caused_by(e, error):
     """Whether exception e is error, or was raised while handling it (directly or further down the chain)."""
     seen = set()
@@ -83,7 +75,6 @@ def caused_by(e, error):
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
-
 
 def stdout_failed(error, code):
     """The exit code once writing stdout failed with error: 1 and a line saying so, unless the script
@@ -97,7 +88,6 @@ def stdout_failed(error, code):
             code = 1
     silence_stdout()
     return code
-
 
 class StdoutGuard:
     """sys.stdout while run_cli runs a script: the same stream, but a write or flush that fails is
@@ -127,7 +117,6 @@ class StdoutGuard:
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
-
 def stdout_error():
     """The OSError that flushing stdout raises now (it holds output that the disk or pipe behind it
     refused), or None."""
@@ -140,7 +129,6 @@ def stdout_error():
         pass
     return None
 
-
 def silence_stdout():
     """Point stdout's file descriptor at /dev/null: what is still buffered goes nowhere, without an error."""
     try:
@@ -152,7 +140,6 @@ def silence_stdout():
         os.dup2(null, fd)
     finally:
         os.close(null)
-
 
 def leave_torchrun_worker(code):
     """End a torchrun worker without Python's interpreter teardown. gloo's worker threads may still be
@@ -169,7 +156,6 @@ def leave_torchrun_worker(code):
             pass
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default where it says something: not for switches, nor for None."""
 
@@ -177,7 +163,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or isinstance(action.default, bool) or action.nargs == 0:
             return action.help or ""
         return super()._get_help_string(action)
-
 
 class CLIParser(argparse.ArgumentParser):
     """argparse whose errors are one line on stderr, like every other user error here."""
@@ -209,71 +194,28 @@ class CLIParser(argparse.ArgumentParser):
         return args
 
 
-def temporary_name(path):
-    """A new name beside path to write it under first: <path>.<8 hex digits>.tmp, created exclusively,
-    so no file of the user's (a path.tmp of theirs, say) is ever taken over."""
-    return f"{path}.{secrets.token_hex(4)}.tmp"
+# -----------------------------------------------------------------------------
+# The flags several scripts share
+
+DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
 
 
-def temporary_of(name):
-    """The name a temporary_name() file was written for; None for other names (a user's <name>.tmp too).
-    What a killed process leaves behind, for the next run to clear."""
-    m = re.fullmatch(r"(.+)\.[0-9a-f]{8}\.tmp", name)
-    return m and m.group(1)
+def add_system_flags(group, dtype_default="auto", compile_default=None, device_help="", dtype_help="",
+                     compile_help="default: on for CUDA"):
+    """--device, --dtype and --compile/--no_compile, with each script's defaults."""
+    group.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu" + device_help)
+    group.add_argument("--dtype", default=dtype_default, choices=DTYPE_CHOICES,
+                       help=dtype_help or "autocast dtype; auto = bf16 on CUDA GPUs that have it, else fp16; fp32 on "
+                                          "cpu/mps")
+    group.add_argument("--compile", dest="compile", action="store_true", default=compile_default,
+                       help=f"torch.compile the model ({compile_help})")
+    group.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
 
 
-@contextmanager
-def atomic_write(path, mode="wb"):
-    """Write path through a temporary twin: fsynced and renamed over path when the block succeeds,
-    removed when it fails. A crash, Ctrl-C or full disk never leaves a partial file under path, and
-    never harms the file that was there."""
-    tmp = temporary_name(path)
-    try:
-        with open(tmp, mode.replace("w", "x")) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def reachable(url, timeout=3.0):
-    """Whether a TCP connection to url's host opens within timeout seconds: an offline machine is
-    told at once, instead of after a client library's minutes of retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    parsed = urlparse(url)
-    try:
-        socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
-                                 timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+def add_weights_flags(group, checkpoint=True, init_from_default=None):
+    """--checkpoint (ours) and --init_from (GPT-2 weights): where a script's model comes from."""
+    if checkpoint:
+        group.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
+    scratch = "scratch (a new model), " if init_from_default == "scratch" else ""
+    group.add_argument("--init_from", default=init_from_default,
+                       help=f"{scratch}gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")

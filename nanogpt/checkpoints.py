@@ -1,0 +1,169 @@
+"""
+Checkpoint files: their names (model_<step>.pt in the log folder), atomic saves, loads that run no code
+from the file, what a training checkpoint holds and how a run is put back from it, the newest one that
+resumes, and pruning. Every checkpoint keeps one layout, whatever wrote it, so every script loads any.
+"""
+
+import os
+import re
+import sys
+
+import torch
+
+from nanogpt.cli import UserError, brief
+from nanogpt.files import atomic_write
+from nanogpt.sharding import load_optimizer_state
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE
+
+
+CHECKPOINT_RE = re.compile(r"^model_(\d+)\.pt$")
+
+
+def checkpoint_path(log_dir, step):
+    return os.path.join(log_dir, f"model_{step:05d}.pt")
+
+
+def find_checkpoints(log_dir):
+    """Checkpoint files in log_dir, newest step first (a folder named like one is not)."""
+    if not os.path.isdir(log_dir):
+        return []
+    found = [(int(m.group(1)), n) for n in os.listdir(log_dir)
+             if (m := CHECKPOINT_RE.match(n)) and os.path.isfile(os.path.join(log_dir, n))]
+    return [os.path.join(log_dir, n) for _, n in sorted(found, reverse=True)]
+
+
+def newest_checkpoint(path):
+    """path itself, or the newest model_*.pt in it when it is a directory (a run's --log_dir)."""
+    if not os.path.isdir(path):
+        return path
+    found = find_checkpoints(path)
+    if not found:
+        hint = "; a transformers model folder is loaded with --init_from" if os.path.isfile(
+            os.path.join(path, "config.json")) else ""
+        raise UserError(f"no model_*.pt checkpoint in {path}{hint}")
+    return found[0]
+
+
+def strip_prefixes(state_dict):
+    """Drop the `_orig_mod.` (torch.compile) and `module.` (DDP) prefixes older checkpoints may carry."""
+    out = {}
+    for k, v in state_dict.items():
+        while k.startswith(("_orig_mod.", "module.")):
+            k = k.split(".", 1)[1]
+        out[k] = v
+    return out
+
+
+def save_checkpoint(path, checkpoint):
+    """torch.save through atomic_write: a crash or a full disk never harms the previous checkpoint,
+    nor leaves a half-written one under a final name."""
+    try:
+        with atomic_write(path) as f:
+            torch.save(checkpoint, f)
+    except (OSError, RuntimeError) as e:
+        # torch's zip writer reports a failed write (a full disk) as a RuntimeError raised while handling the OSError
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise UserError(f"cannot write checkpoint {path} ({cause.strerror or cause}); "
+                        "free disk space or pick another --log_dir (earlier checkpoints are intact)") from None
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """A checkpoint dict, loaded with weights_only=True (no code from the file runs)."""
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise UserError(f"{path}: cannot load checkpoint ({type(e).__name__}); "
+                        "it is truncated or not a checkpoint of train_gpt2.py") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise UserError(f"{path}: not a checkpoint of train_gpt2.py (no model/config)")
+    return ckpt
+
+
+def checkpoint_config(ckpt, path, fields):
+    """The checkpoint's model config (a dict of GPTConfig's `fields`), checked to describe a GPT-2 shape this
+    program can build: a UserError naming the file if not."""
+    config = ckpt["config"]
+    if not (isinstance(config, dict) and set(config) == set(fields)
+            and all(type(v) is int and v > 0 for v in config.values()) and config["n_embd"] % config["n_head"] == 0):
+        raise UserError(f"{path}: its config {str(config)[:120]} is not a GPT shape this program can build")
+    if config["vocab_size"] < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
+        raise UserError(f"{path}: vocab_size {config['vocab_size']} is smaller than the GPT-2 tokenizer's "
+                        f"{GPT2_VOCAB_SIZE} token ids; it is not a GPT-2 checkpoint of this program")
+    return config
+
+
+def training_checkpoint(model_state, optimizer_state, config, step, tokens, loader_state, scaler, args, device_type,
+                        schedule=None):
+    """What a checkpoint holds: the state after `step`'s update (weights, optimizer, loss scaler), the tokens
+    trained on up to and with it, the model config, the data position, the RNGs and the run's arguments;
+    `schedule` only where a resume moved the learning-rate schedule (a plain run's file is as it always was)."""
+    return {**({"schedule": schedule} if schedule else {}),
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "step": step,
+            "tokens": tokens,
+            "config": config,
+            "loader": loader_state,
+            "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
+            "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+            "args": {k: v for k, v in vars(args).items() if k != "explicit"}}
+
+
+def restore_training_state(ckpt, optimizer, scaler, train_loader, device_type, total_batch_size, fsdp_model=None):
+    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them.
+    Returns (the step to run next, tokens trained on so far): (0, 0) without a checkpoint."""
+    if ckpt is None:
+        return 0, 0
+    try:
+        load_optimizer_state(optimizer, ckpt["optimizer"], fsdp_model)
+        train_loader.load_state_dict(ckpt["loader"])
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"]["cpu"])
+            if device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        if scaler.is_enabled() and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"the checkpoint's optimizer or loader state does not fit this run ({brief(e)}); "
+                        "it is not a checkpoint of this program's training") from None
+    step = ckpt["step"] + 1
+    return step, ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else step * total_batch_size
+
+
+def resume_checkpoint(log_dir, master, check_resumable):
+    """(path, checkpoint) of the newest training checkpoint in log_dir that loads and passes
+    check_resumable(checkpoint, path) (a UserError if not), or (None, None) when there is none at all."""
+    paths = find_checkpoints(log_dir)
+    for path in paths:
+        try:
+            ckpt = load_checkpoint(path)
+            if not (isinstance(ckpt.get("step"), int) and isinstance(ckpt.get("optimizer"), dict)
+                    and isinstance(ckpt.get("loader"), dict) and isinstance(ckpt.get("args", {}), dict)):
+                raise UserError(f"{path}: not a training checkpoint of train_gpt2.py "
+                                "(no step, optimizer or loader state)")
+            check_resumable(ckpt, path)
+            return path, ckpt
+        except UserError as e:
+            if master:
+                print(f"skipping checkpoint: {e}", file=sys.stderr)
+    if paths:
+        raise UserError(f"none of the {len(paths)} checkpoints in {log_dir} loads; move them away to start fresh")
+    return None, None
+
+
+def prune_checkpoints(log_dir, saved_step, keep):
+    """Keep the checkpoint just saved and the keep-1 newest before it. Checkpoints of later steps
+    (left by an earlier life of the run; maybe unreadable, which is why it resumed from an older
+    one) are not this function's to judge, so the newest loadable checkpoint is never removed."""
+    older = [p for p in find_checkpoints(log_dir)
+             if int(CHECKPOINT_RE.match(os.path.basename(p)).group(1)) < saved_step]
+    for path in older[keep - 1 :]:
+        try:
+            os.remove(path)
+        except OSError as e:  # an old checkpoint left in place loses nothing: the run goes on
+            print(f"warning: cannot remove {path} for --keep_checkpoints ({e.strerror or e}); it is kept",
+                  file=sys.stderr)

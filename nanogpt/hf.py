@@ -1,0 +1,216 @@
+"""
+transformers' GPT-2: reading its weights into our GPT (from the Hugging Face hub or a local folder,
+refused in one line when our GPT would compute something else with them) and writing ours as a
+GPT2LMHeadModel folder (generate_tokens.py --export_hf). transformers is imported only when used.
+"""
+
+import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+from nanogpt.cli import UserError, brief
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE
+
+HF_GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# --init_from's hub names and the presets of their shapes (context 1024, vocabulary 50257)
+HF_GPT2_PRESETS = dict(zip(HF_GPT2_MODELS, ("d12", "d24", "d36", "d48")))
+
+
+# transformers' names of GPT-2's tanh approximation of GELU, the one MLP uses
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python_tanh")
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' warnings and multi-line load reports off while it runs (stderr is for one-line
+    errors; what they would say about --init_from is refused in one line); its progress bars off for good."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def is_mask_buffer(name):
+    """The causal-mask buffers older transformers versions keep in a GPT-2's state dict: not weights."""
+    return name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+def hub_gpt2(model_class, name, **kwargs):
+    """GPT-2 weights from the local HF cache, else from the hub: offline, an error at once."""
+    try:
+        return model_class.from_pretrained(name, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or not reachable(constants.ENDPOINT):
+        raise UserError(f"--init_from {name}: not in the Hugging Face cache and {constants.ENDPOINT} "
+                        "cannot be reached; connect once to download it, or give a local directory saved by "
+                        "save_pretrained")
+    return model_class.from_pretrained(name, **kwargs)
+
+
+def reachable(url, timeout=3.0):
+    """Whether a TCP connection to url's host opens within timeout seconds: an offline machine is
+    told at once, instead of after a client library's minutes of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    try:
+        socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def local_gpt2_shape(folder):
+    """The shape of the GPT-2 in a local transformers folder, from its config.json alone (cheap, offline)."""
+    from transformers import AutoConfig
+
+    try:
+        with quiet_transformers():
+            hf = AutoConfig.from_pretrained(folder)
+    except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
+        raise UserError(f"--init_from {folder}: cannot read its config.json ({brief(e)}); "
+                        "give a GPT-2 directory saved by save_pretrained") from None
+    return gpt2_shape(hf, folder)
+
+
+def gpt2_shape(hf, source):
+    """The shape (GPTConfig's fields) of a transformers GPT-2 config, or a one-line refusal naming every setting with which
+    transformers' model computes something our GPT does not (so its weights would give other logits)."""
+    get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
+    if get("model_type") != "gpt2":
+        raise UserError(f"--init_from {source}: it holds a {get('model_type')!r} model, not GPT-2; "
+                        f"give a GPT-2 (model_type gpt2) directory or a hub name ({', '.join(HF_GPT2_MODELS)})")
+    n_embd, n_head = get("n_embd"), get("n_head")
+    problems = []
+    if get("vocab_size") < GPT2_VOCAB_SIZE:
+        problems.append(f"vocab_size {get('vocab_size')} (the GPT-2 tokenizer makes {GPT2_VOCAB_SIZE} token ids)")
+    if not get("tie_word_embeddings", True):
+        problems.append("tie_word_embeddings false (an output head of its own; this GPT ties it to the embedding)")
+    if get("activation_function") not in TANH_GELUS:
+        problems.append(f"activation_function {get('activation_function')} (this GPT: gelu_new)")
+    if get("n_inner") not in (None, 4 * n_embd):
+        problems.append(f"n_inner {get('n_inner')} (this GPT: 4 x n_embd = {4 * n_embd})")
+    if n_embd % n_head:
+        problems.append(f"n_embd {n_embd} not divisible by n_head {n_head}")
+    if not math.isclose(get("layer_norm_epsilon", 1e-5), 1e-5):
+        problems.append(f"layer_norm_epsilon {get('layer_norm_epsilon')} (this GPT: 1e-05)")
+    if not get("scale_attn_weights", True):
+        problems.append("scale_attn_weights false")
+    if get("scale_attn_by_inverse_layer_idx", False):
+        problems.append("scale_attn_by_inverse_layer_idx true")
+    if get("add_cross_attention", False):
+        problems.append("add_cross_attention true")
+    if problems:
+        raise UserError(f"--init_from {source}: a GPT-2 variant this program's GPT cannot compute: "
+                        f"{'; '.join(problems)}; give a GPT-2 of OpenAI's architecture (tied embeddings, the GPT-2 "
+                        f"vocabulary, tanh GELU) or a hub name ({', '.join(HF_GPT2_MODELS)})")
+    return dict(block_size=get("n_positions"), vocab_size=get("vocab_size"), n_layer=get("n_layer"), n_head=n_head,
+                n_embd=n_embd)
+
+
+def gpt2_state_dict(name_or_dir):
+    """The weights of a transformers GPT-2 (hub name or local folder) in our GPT's layout."""
+    from transformers import GPT2LMHeadModel
+
+    try:
+        with quiet_transformers():
+            if os.path.isdir(name_or_dir):
+                hf_model, info = GPT2LMHeadModel.from_pretrained(name_or_dir, output_loading_info=True)
+            else:
+                hf_model, info = hub_gpt2(GPT2LMHeadModel, name_or_dir, output_loading_info=True)
+    except UserError:
+        raise
+    except Exception as e:  # missing or broken weight files, weights of another shape than config.json's
+        raise UserError(
+            f"cannot load GPT-2 weights from {name_or_dir!r} ({brief(e)}); "
+            "a hub name needs network access once, or give a local directory saved by save_pretrained"
+        ) from None
+    missing = sorted(k for k in info["missing_keys"] if not is_mask_buffer(k))
+    if missing:  # transformers would fill them with random numbers
+        raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of a GPT-2 "
+                        f"(e.g. {missing[0]}); give a directory saved by save_pretrained of a GPT2LMHeadModel")
+    return hf_to_our_state_dict(hf_model.state_dict())
+
+
+# transformers' GPT-2 stores these as Conv1D, i.e. (in, out): transpose to nn.Linear's (out, in).
+_HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def hf_to_our_state_dict(hf_sd):
+    sd = {}
+    for k, v in hf_sd.items():
+        if is_mask_buffer(k):
+            continue
+        sd[k] = v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v
+    return sd
+
+
+def export_hf(model, out_dir, also=None):
+    """Write model as a transformers GPT2LMHeadModel directory (config.json + model.safetensors).
+    The padded vocabulary rows are dropped: the tokenizer never produces them. also(folder), if given,
+    adds files to the export before it takes out_dir's name; its result is returned."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    check_export_dir(out_dir)
+    cfg = model.config
+    vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
+    hf_config = GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                           n_head=cfg.n_head, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                           attn_pdrop=0.0, tie_word_embeddings=True)
+    hf_model = GPT2LMHeadModel(hf_config)
+    sd = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().float().cpu()
+        if k in ("transformer.wte.weight", "lm_head.weight"):
+            v = v[:vocab]
+        sd[k] = v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v
+    missing, unexpected = hf_model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not is_mask_buffer(k)]
+    if missing or unexpected:
+        raise RuntimeError(f"export_hf: missing {missing}, unexpected {unexpected}")
+    out_dir = os.path.abspath(out_dir)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:  # written beside out_dir under a new name, then renamed: never a half export under out_dir
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(out_dir), prefix=os.path.basename(out_dir) + ".", suffix=".tmp")
+    except OSError as e:
+        raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
+    try:
+        with quiet_transformers():  # no "Writing model shards" bar on stderr
+            hf_model.save_pretrained(tmp, safe_serialization=True)
+        added = also(tmp) if also is not None else None
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
+        os.replace(tmp, out_dir)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); "
+                            "free disk space or pick another folder") from None
+        raise
+    return added
+
+
+def check_export_dir(out_dir):
+    """export_hf replaces out_dir: never do that to something the user already has."""
+    if os.path.islink(out_dir):
+        raise UserError(f"--export_hf {out_dir} is a link; give the path of a new folder (nothing was changed)")
+    if os.path.exists(out_dir) and not (os.path.isdir(out_dir) and not os.listdir(out_dir)):
+        raise UserError(f"--export_hf {out_dir} already exists; "
+                        "remove it or give a new directory (nothing was changed)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if not os.path.isdir(parent):
+        raise UserError(f"--export_hf {out_dir}: the folder {parent} does not exist; create it or give another path")

@@ -1,0 +1,170 @@
+"""
+The bookkeeping of a training run, so that train_gpt2.py's loop shows only the lecture's story: the
+console (rank 0 speaks), log.txt and the trackers, checkpoints at their cadence (and the previous step's
+when a step fails), the ranks' agreement at each step (a signal, rank 0's failure), the health of the
+weights, and the summary line. A Run decides its own cadence; the loop calls it with plain names.
+"""
+
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import torch
+
+from nanogpt.arguments import NEW_SCHEDULE, check_schedule
+from nanogpt.checkpoints import (checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint,
+                                 training_checkpoint)
+from nanogpt.cli import UserError
+from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
+from nanogpt.runtime import (RankZeroWork, StopFlag, console, is_out_of_memory, peer_gone, peer_gone_error)
+from nanogpt.sharding import full_state_dicts, optimizer_state_line
+
+
+class Run:
+    """One training run's bookkeeping, on every rank (rank 0 writes). Use it as a context: from start() on
+    it catches SIGTERM/Ctrl-C (the loop stops after the step, with a checkpoint); at the end it closes the
+    log, and turns a collective that failed because another process died into one line naming the
+    checkpoint to resume."""
+
+    def __init__(self, args, ddp, rank, device):
+        self.args, self.ddp, self.rank, self.device = args, ddp, rank, device
+        self.master, self.device_type = rank == 0, device.split(":")[0]
+        self.say = console if self.master else (lambda *a, **k: None)
+        self.warn = (lambda m: print(f"warning: {m}", file=sys.stderr)) if self.master else None
+        self.rank0 = RankZeroWork(ddp, self.master, device)  # rank 0's work, failing on every rank alike
+        self.log_file = RunLog(args if self.master else None)
+        self.stop = StopFlag()
+        self.step_times, self.bad_steps, self.val_loss = [], 0, None
+
+    def __enter__(self):
+        self.old_handlers = {}
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        for s, handler in self.old_handlers.items():
+            signal.signal(s, handler)
+        self.log_file.close()
+        if self.ddp and isinstance(error, RuntimeError) and peer_gone(error):
+            raise peer_gone_error(error, self.args.log_dir, self.rank) from None
+
+    def on_rank0(self, work, *args):
+        """work(*args) on rank 0, every rank waiting for it (and ending with it if it fails)."""
+        self.rank0.do(work, *args)
+        self.rank0.agree()
+
+    def start(self, ckpt, ckpt_path, start_step, header, model, optimizer, scaler, loader, zero, fsdp, schedule,
+              flops_per_token, peak):
+        """Everything is checked and built: open the log folder (rank 0) and print the run's header. The
+        arguments after the header are what a checkpoint saves and the step lines measure."""
+        self.model, self.optimizer, self.scaler, self.loader = model, optimizer, scaler, loader
+        self.zero, self.fsdp, self.schedule = zero, fsdp, schedule
+        self.flops_per_token, self.peak = flops_per_token, peak
+        self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
+        self.say(header)
+        check_schedule(self.args, self.master)
+        # from here SIGTERM (a scheduler's) and Ctrl-C end the run after the step, with a checkpoint
+        self.old_handlers = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.start_step, self.t_start = start_step, time.time()
+
+    def due(self, step, every):
+        """Whether something done every `every` steps (0: never) is due at this step; the last step always."""
+        return bool(every) and (step % every == 0 or step == self.args.max_steps - 1)
+
+    def log(self, step, line, scalars, text):
+        """An evaluation's result: `text` on the console, `<step> <line>` in log.txt, the scalars to the trackers."""
+        self.val_loss = scalars.get("val/loss", self.val_loss)  # the summary's
+        self.say(text)
+        self.rank0.do(self.log_file.record, step, line, scalars)
+
+    @contextmanager
+    def keeping_progress(self, step):
+        """Around a step's forward and backward passes: if they fail (out of memory, an error, Ctrl-C met in
+        a collective), the weights are still those after the last step, so that state is saved first (plain
+        and DDP runs; sharded state cannot be gathered while other ranks may be failing)."""
+        loader_state = self.loader.state_dict()
+        try:
+            yield
+        except BaseException as e:
+            if (self.master and step > self.start_step and not self.saved_at(step - 1)
+                    and not (self.zero or self.fsdp)):
+                path = self.save(step - 1, loader_state, self.tokens_seen)
+                self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
+            if isinstance(e, Exception) and is_out_of_memory(e):
+                memory = "GPU memory" if self.device_type == "cuda" else "memory"
+                raise UserError(f"out of {memory} at batch_size {self.args.batch_size} x seq_len {self.args.seq_len}; "
+                                "lower --batch_size (gradient accumulation keeps --total_batch_size)") from None
+            raise
+
+    def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):
+        """A training step's line on the console, in log.txt and to the trackers; then the weights' health."""
+        self.step_times.append((dt, tokens))
+        self.tokens_seen = tokens_seen  # trained on up to and with this step
+        eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
+        self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
+                           finite, ramping=bool(self.args.batch_size_warmup_tokens)))
+        self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
+                      step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak))
+        self.bad_steps = 0 if finite else self.bad_steps + 1
+        self.check_health(step, finite and not weights_finite(self.model))
+
+    def check_health(self, step, weights_broken):
+        """Stop, naming the last good checkpoint, when an update broke the weights or too many steps in a row
+        were skipped as non-finite."""
+        if not weights_broken and self.bad_steps < self.args.max_bad_steps:
+            return
+        last_good = find_checkpoints(self.args.log_dir)
+        last_good = last_good[0] if last_good else "none"
+        if weights_broken:
+            raise UserError(f"the update of step {step} made the weights non-finite (nothing was saved after it); "
+                            f"last good checkpoint: {last_good}; lower --max_lr")
+        raise UserError(f"{self.bad_steps} non-finite steps in a row at step {step}; the weights were not updated by "
+                        f"them. Last good checkpoint: {last_good}; lower --max_lr or check the data")
+
+    def saved_at(self, step):
+        """Whether --save_every checkpoints the state after this step."""
+        return bool(self.args.save_every) and (step + 1) % self.args.save_every == 0
+
+    def checkpoint(self, step, tokens_seen):
+        """After a step: agree with the other ranks whether to stop (a signal to any of them, or rank 0's
+        failure), save when --save_every, the last step or a stop asks for it, and say whether to stop."""
+        stop_now = self.rank0.agree(self.stop.set)
+        if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
+            # under --zero 1 / --fsdp every rank takes part in gathering the state
+            states = full_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
+            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, states)
+            del states  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
+            if self.ddp:
+                self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
+        if stop_now:
+            self.say(f"stopped by signal after step {step}; "
+                     f"`--resume` continues from {checkpoint_path(self.args.log_dir, step)}")
+        return stop_now
+
+    def save(self, step, loader_state, tokens_seen, states=None):
+        """Rank 0: the checkpoint of the state after `step` (states: full_state_dicts' model and optimizer
+        state under --zero 1 / --fsdp), then --keep_checkpoints' pruning. Returns its path."""
+        model_state, optimizer_state = states if states is not None else (self.model.state_dict(),
+                                                                           self.optimizer.state_dict())
+        path = checkpoint_path(self.args.log_dir, step)
+        schedule = self.schedule if self.schedule != NEW_SCHEDULE else None
+        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, asdict(self.model.config), step,
+                                                  tokens_seen, loader_state, self.scaler, self.args, self.device_type,
+                                                  schedule))
+        if self.args.keep_checkpoints:
+            prune_checkpoints(self.args.log_dir, step, self.args.keep_checkpoints)
+        self.say(f"saved {path}")
+        return path
+
+    def summary(self, world_size, tokens_seen, epoch_tokens):
+        """The run's last lines: optimizer state per rank (torchrun), then the summary."""
+        if self.ddp:
+            self.say(optimizer_state_line(self.optimizer, world_size, self.device))
+        self.say(run_summary(self.step_times, self.flops_per_token, self.peak, self.device_type, self.val_loss,
+                             time.time() - self.t_start, tokens_seen, epoch_tokens,
+                             self.start_step + len(self.step_times)))
+
+
+def weights_finite(model):
+    return bool(torch.isfinite(torch.stack([p.detach().float().abs().max() for p in model.parameters()])).all())

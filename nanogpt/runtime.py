@@ -1,0 +1,226 @@
+"""
+What a run needs of the machine and of its fellow processes: the device and its precision, whether
+torch.compile works there, signals, the agreement of torchrun's ranks (rank 0's work, the stop flag, a
+peer that is gone), and console output that survives a stdout it cannot write.
+"""
+
+import os
+import re
+import signal
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from nanogpt.checkpoints import find_checkpoints
+from nanogpt.cli import ReportedByRankZero, UserError, brief, silence_stdout
+
+
+def pick_device(name="auto"):
+    if name != "auto":
+        kind = name.split(":")[0]
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {name}: CUDA is not available here; use --device cpu or auto")
+        if kind == "mps" and not torch.backends.mps.is_available():
+            raise UserError(f"--device {name}: MPS is not available here; use --device cpu or auto")
+        if kind not in ("cuda", "mps", "cpu"):
+            raise UserError(f"--device {name}: expected auto, cpu, cuda, cuda:N or mps")
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def pick_dtype(name, device_type):
+    """auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on cpu/mps."""
+    if name == "auto":
+        if device_type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    return name
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def autocast_context(device_type, dtype):
+    if dtype == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+
+
+def peak_flops(device):
+    """Dense bf16 peak of the GPU, for MFU; None where unknown."""
+    if not str(device).startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in (("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("A100", 312e12), ("A800", 312e12),
+                       ("L40S", 362e12), ("A10G", 125e12)):
+        if key in name:
+            return flops
+    return None
+
+
+def compile_by_default(device_type):
+    """torch.compile is on unless asked otherwise where it pays off: CUDA GPUs."""
+    return device_type == "cuda"
+
+
+def _compile_probe(x):
+    return torch.sin(x) * 2 + 1
+
+
+def compile_problem(device):
+    """Why torch.compile cannot work on this device, or None. Compilation is lazy, so this compiles and
+    runs a one-line function there: the same Dynamo, Inductor and code-generation path (Triton on a
+    GPU, a C++ compiler on the CPU) the model's first forward takes, in a few seconds."""
+    try:
+        x = torch.linspace(-1, 1, 8, device=device)
+        if not torch.allclose(torch.compile(_compile_probe)(x), _compile_probe(x)):
+            return "the compiled code computes a wrong result"
+    except Exception as e:  # no Triton, no C compiler, a GPU its code generator does not support, ...
+        for _ in range(5):  # Dynamo wraps the backend's error: name the one underneath
+            inner = getattr(e, "inner_exception", None) or e.__cause__
+            if inner is None:
+                break
+            e = inner
+        return brief(e)
+    return None
+
+
+def choose_compile(asked, device, say):
+    """Whether to torch.compile the model. --compile that cannot work is an error; the default
+    (on for CUDA) that cannot work is said once, and the run goes on uncompiled."""
+    if not (asked if asked is not None else compile_by_default(device.split(":")[0])):
+        return False
+    problem = compile_problem(device)
+    if problem is None:
+        return True
+    if asked:
+        raise UserError(f"--compile: torch.compile does not work on {device} here ({problem}); run with --no_compile")
+    say(f"note: torch.compile does not work on {device} here ({problem}); "
+        "running uncompiled (--no_compile skips this check)")
+    return False
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop checks it between steps and checkpoints before leaving."""
+
+    def __init__(self):
+        self.set = False
+
+    def __call__(self, signum, frame):
+        self.set = True
+
+
+@contextmanager
+def stop_on_signals():
+    stop = StopFlag()
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# The DDP/FSDP model, its raw module and the optimizer of a torchrun worker, kept until the process ends (nanogpt.cli's
+# run_cli ends it with os._exit): freeing them frees the process group, which waits for gloo's worker thread while
+# holding the GIL, and that thread may need the GIL to release the last collective's tensors: a deadlock after a
+# finished run (pytorch/pytorch#190489's teardown race, met ~1 run in 3 on a busy 2-core machine).
+KEPT_UNTIL_EXIT = []
+
+
+class RankZeroWork:
+    """The work only rank 0 does (--verify_data, the log folder and its lock, log.txt, checkpoints),
+    made to end every rank alike. Under torchrun the error of such work (a UserError, or any other) is held
+    on rank 0 until agree(), a collective every rank reaches, and then raised on every rank: rank 0 prints
+    it (a traceback for what is not a UserError), the others leave quietly with exit code 2
+    (ReportedByRankZero). Raised at once, it would leave the other ranks to die in their next collective
+    with gloo's traceback (the peer closed the connection), or with NCCL to wait for a peer that is gone.
+    In one process an error is raised at once, as any other."""
+
+    def __init__(self, ddp, master, device):
+        self.ddp, self.master, self.device = ddp, master, device
+        self.error = None
+
+    def do(self, work, *args):
+        """work(*args) on rank 0; nothing on the other ranks, nor on rank 0 once some of its work failed."""
+        if not self.master or self.error is not None:
+            return None
+        try:
+            return work(*args)
+        except Exception as e:  # a full disk's OSError, a tracker's own error: the other ranks must not wait
+            if not self.ddp:
+                raise
+            self.error = e
+            return None
+
+    def agree(self, stop=False):
+        """On every rank: raise rank 0's held error, or return whether any rank was asked to stop (a
+        signal). One all-reduce answers both, so the training loop's agreement at each step costs no
+        extra collective."""
+        if not self.ddp:
+            return bool(stop)
+        import torch.distributed as dist
+
+        flags = torch.tensor([int(bool(stop)), int(self.error is not None)], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop_any, failed = flags.tolist()
+        if failed:
+            message = [str(self.error) if self.master else None]
+            dist.broadcast_object_list(message, src=0)  # every rank raises the same error
+            if self.master:
+                raise self.error
+            raise ReportedByRankZero(message[0])
+        return bool(stop_any)
+
+
+def all_reduce_mean(value, ddp, world_size):
+    if ddp:
+        import torch.distributed as dist
+
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        value /= world_size
+    return value
+
+
+def console(*parts, **kwargs):
+    """print() for the run's progress that survives a stdout it cannot write (`| tee` ended by Ctrl-C, a
+    full disk): the run goes on, and checkpoints what it did (run_cli names a full stdout at the end)."""
+    try:
+        print(*parts, **kwargs, flush=True)
+    except (OSError, ValueError):
+        silence_stdout()
+
+
+# How a collective fails when another process of the run has ended (besides torch.distributed.DistError): gloo's
+# connection to it closes or resets, NCCL's communicator is aborted or its collective times out.
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|communicator was aborted|remote process exited|"
+                       r"[Tt]imed? ?out")
+
+
+def peer_gone(e):
+    import torch.distributed as dist
+
+    return isinstance(e, dist.DistError) or PEER_GONE.search(str(e)) is not None
+
+
+def peer_gone_error(e, log_dir, rank):
+    """The one line a process that outlived another of its run ends with: which checkpoint --resume takes.
+    Said by rank 0, and on every other node by its first process (which may have outlived rank 0); the
+    other processes end quietly (exit 2): one line per machine, not one per process."""
+    reason = PEER_GONE.search(str(e))
+    newest = find_checkpoints(log_dir)
+    resume = (f"`--resume` continues from {newest[0]}" if newest
+              else "it wrote no checkpoint yet, so the run starts over")
+    message = (f"another process of this run ended ({reason.group(0) if reason else brief(e)}), so this one stopped "
+               f"too; {resume}")
+    speaks = rank == 0 or (os.environ.get("LOCAL_RANK") == "0" and os.environ.get("GROUP_RANK", "0") != "0")
+    return UserError(message) if speaks else ReportedByRankZero(message)
+
+
+def is_out_of_memory(e):
+    """Whether an exception is running out of memory: a GPU's (torch.OutOfMemoryError) or a CPU allocator's."""
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
