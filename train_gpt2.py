@@ -717,7 +717,9 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     config = run_config(args, ckpt)
-    arguments.check_memory(config, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    with torch.device("meta"):  # the parameters counted without allocating them
+        n_params = GPT(config).num_params()
+    arguments.check_memory(config, n_params, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:

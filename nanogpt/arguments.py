@@ -109,12 +109,11 @@ def check_batch_split(args, world_size, resuming=False):
                         f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; {fix}")
 
 
-def estimated_bytes(config, B, T, dtype):
-    """A low estimate of the memory one training process needs: fp32 weights, gradients and AdamW's
-    two moments, activations kept for backward (~34 values per layer, token and channel, as in
-    Korthikanti et al. without attention scores, which SDPA does not keep) and the logits with the
-    fp32 copies cross-entropy makes of them."""
-    n_params = config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2
+def estimated_bytes(config, n_params, B, T, dtype):
+    """A low estimate of the memory one training process needs for a model of config's shape with n_params
+    parameters: fp32 weights, gradients and AdamW's two moments, activations kept for backward (~34 values
+    per layer, token and channel, as in Korthikanti et al. without attention scores, which SDPA does not
+    keep) and the logits with the fp32 copies cross-entropy makes of them."""
     act = 2 if dtype in ("bf16", "fp16") else 4
     return (16 * n_params + config.n_layer * B * T * config.n_embd * 17 * act + B * T * config.vocab_size * (act + 8))
 
@@ -131,20 +130,21 @@ def available_memory_bytes():
     return None
 
 
-def check_memory(config, args, dtype, device_type, local_world_size):
+def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.) config is run_config's, --init_from's shape included."""
+    is an error the loop turns into one line.) config is run_config's, --init_from's shape included;
+    n_params its model's parameters."""
     have = available_memory_bytes()
     if have is None:
         return
     smaller = ("a smaller --model or --n_layer/--n_embd" if args.init_from == "scratch"
                else f"a smaller model than --init_from {args.init_from}")
-    weights = 4 * (config.vocab_size * config.n_embd + config.n_layer * 12 * config.n_embd**2)
+    weights = 4 * n_params
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = estimated_bytes(config, args.batch_size, args.seq_len, dtype) * local_world_size
+    need = estimated_bytes(config, n_params, args.batch_size, args.seq_len, dtype) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "

@@ -92,7 +92,7 @@ class Run:
                 path = self.save(step - 1, loader_state, self.tokens_seen)
                 self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
             if isinstance(e, Exception) and is_out_of_memory(e):
-                memory = "GPU memory" if self.device_type == "cuda" else "memory"
+                memory = "GPU memory" if isinstance(e, torch.OutOfMemoryError) else "memory"
                 raise UserError(f"out of {memory} at batch_size {self.args.batch_size} x seq_len {self.args.seq_len}; "
                                 "lower --batch_size (gradient accumulation keeps --total_batch_size)") from None
             raise

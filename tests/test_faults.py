@@ -304,7 +304,9 @@ def test_a_run_that_cannot_fit_in_memory_says_so_first(shards, tmp_path, monkeyp
 def test_the_tiny_preset_fits_a_laptop_and_flags_still_win():
     args = train_gpt2.parse_args(["--model", "tiny"])
     config = train_gpt2.run_config(args, None)
-    assert estimated_bytes(config, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
+    with torch.device("meta"):
+        n_params = train_gpt2.GPT(config).num_params()
+    assert estimated_bytes(config, n_params, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
     assert args.total_batch_size // (args.batch_size * args.seq_len) <= 4  # a step is a few micro-batches, not 128
     assert train_gpt2.parse_args(["--model", "tiny", "--batch_size", "3"]).batch_size == 3
     assert train_gpt2.parse_args([]).total_batch_size == 524288  # the GPT-2 recipe stays the default

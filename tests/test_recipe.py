@@ -16,6 +16,7 @@ import torch
 
 import train_gpt2
 from nanogpt.checkpoints import find_checkpoints
+from nanogpt import runtime
 from nanogpt.runtime import choose_compile
 from nanogpt.shards import read_shard, write_shard
 from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
@@ -128,9 +129,9 @@ def test_validation_is_never_shuffled_and_no_shuffle_is_file_order(tmp_path):
     val_run_is_the_same_shuffled_or_not(str(tmp_path / "runs"))
     args = train_gpt2.parse_args(["--data_dir", str(tmp_path), "--batch_size", "2", "--seq_len", "8"])
     assert not args.no_shuffle  # shuffling is the default
-    assert isinstance(train_gpt2.training_loader(args, 0, 1, None), train_gpt2.ShuffledDataLoader)
+    assert isinstance(train_gpt2.make_loaders(args, 0, 1, None)[0], train_gpt2.ShuffledDataLoader)
     args.no_shuffle = True
-    plain = train_gpt2.training_loader(args, 0, 1, None)
+    plain = train_gpt2.make_loaders(args, 0, 1, None)[0]
     assert type(plain) is train_gpt2.DataLoaderLite
     assert np.array_equal(plain.next_batch()[0].flatten().numpy(), read_shard(str(tmp_path / "doc_train_000001.bin"))[:16])
 
@@ -480,7 +481,7 @@ def test_default_compile_that_cannot_work_is_said_once_and_the_run_goes_on(shard
     train_gpt2.main([*TINY_FLAGS, *run, "--log_dir", str(tmp_path / "eager")])
     capsys.readouterr()
     monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", no_backend)
-    monkeypatch.setattr(train_gpt2, "compile_by_default", lambda device_type: True)
+    monkeypatch.setattr(runtime, "compile_by_default", lambda device_type: True)
     torch._dynamo.reset()
     try:
         train_gpt2.main([*EAGER_FLAGS, *run, "--log_dir", str(tmp_path / "fallback")])
@@ -506,5 +507,5 @@ def test_explicit_compile_that_cannot_work_is_one_line(shards, tmp_path, monkeyp
         train_gpt2.main([*EAGER_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--compile"])
     assert not (tmp_path / "log").exists()
     # an explicit --no_compile never probes
-    monkeypatch.setattr(train_gpt2, "compile_problem", lambda device: pytest.fail("probed"))
+    monkeypatch.setattr(runtime, "compile_problem", lambda device: pytest.fail("probed"))
     assert choose_compile(False, "cuda", print) is False

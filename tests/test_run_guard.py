@@ -23,6 +23,7 @@ import pytest
 import train_gpt2
 from nanogpt.checkpoints import find_checkpoints, prune_checkpoints
 from nanogpt.runlog import LOG_DIR_LOCK, lock_log_dir, unlock_log_dir
+from nanogpt.runtime import RankZeroWork
 from conftest import ROOT, TINY_FLAGS, assert_one_line_error, read_log, run_script, script_cli, torchrun, train, write_hellaswag
 
 LIMIT_S = 120  # a rank still running after this is waiting for a peer that is gone
@@ -161,24 +162,24 @@ def test_under_torchrun_the_error_is_one_line_and_no_rank_shows_a_traceback(shar
     assert "train_gpt2.py\", line" not in result.stderr and "Connection closed" not in result.stderr, result.stderr
 
 
-def test_rank_zero_steps_in_one_process_raise_at_once():
+def test_rank_zero_work_in_one_process_raises_at_once():
     def refuse():
         raise train_gpt2.UserError("refused")
 
-    steps = train_gpt2.RankZeroSteps(ddp=False, master=True, device="cpu")
+    steps = RankZeroWork(ddp=False, master=True, device="cpu")
     with pytest.raises(train_gpt2.UserError, match="refused"):
-        steps.run(refuse)
-    assert steps.run(lambda x: x + 1, 1) == 2 and steps.agree(stop=True) and not steps.agree()
-    assert train_gpt2.RankZeroSteps(ddp=False, master=False, device="cpu").run(lambda: 1) is None
+        steps.do(refuse)
+    assert steps.do(lambda x: x + 1, 1) == 2 and steps.agree(stop=True) and not steps.agree()
+    assert RankZeroWork(ddp=False, master=False, device="cpu").do(lambda: 1) is None
 
 
-def test_under_ddp_rank_zero_holds_any_failure_of_its_steps_for_the_others_to_hear():
+def test_under_ddp_rank_zero_holds_any_failure_of_its_work_for_the_others_to_hear():
     """Not only a UserError: a failure of any kind (a tracker's own exception, a full disk's OSError) raised
-    at once on rank 0 would leave the other ranks waiting in their next collective. run() takes no
+    at once on rank 0 would leave the other ranks waiting in their next collective. do() takes no
     collective, so it is tried here without a process group."""
-    steps = train_gpt2.RankZeroSteps(ddp=True, master=True, device="cpu")
-    assert steps.run(lambda: 1 / 0) is None and isinstance(steps.error, ZeroDivisionError)
-    assert steps.run(lambda: 1) is None  # once failed, rank 0 takes no further step
+    steps = RankZeroWork(ddp=True, master=True, device="cpu")
+    assert steps.do(lambda: 1 / 0) is None and isinstance(steps.error, ZeroDivisionError)
+    assert steps.do(lambda: 1) is None  # once failed, rank 0 does no further work
 
 
 def test_a_checkpoint_that_cannot_be_pruned_is_kept_with_a_warning(tmp_path, monkeypatch, capsys):

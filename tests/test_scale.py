@@ -131,14 +131,14 @@ def test_zero1_and_fsdp_match_ddp_and_one_process(runs):
 
 def test_the_tolerance_catches_a_doubled_gradient(runs, monkeypatch):
     """What a sum-instead-of-average bug looks like: the same run with every gradient doubled."""
-    apply_update = train_gpt2.apply_update
+    clip_grad_norm = train_gpt2.clip_grad_norm  # the loop's first use of the accumulated gradients
 
-    def doubled(model, *args):
+    def doubled(model, max_norm):
         for p in model.parameters():
             p.grad *= 2
-        return apply_update(model, *args)
+        return clip_grad_norm(model, max_norm)
 
-    monkeypatch.setattr(train_gpt2, "apply_update", doubled)
+    monkeypatch.setattr(train_gpt2, "clip_grad_norm", doubled)
     log_dir = str(runs["tmp"] / "doubled")
     out = one_process(runs["data"], log_dir)
     with pytest.raises(AssertionError):

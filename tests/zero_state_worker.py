@@ -10,7 +10,6 @@ consolidate_state_dict(to=0) + state_dict(). Rank 0 writes both to OUT.pt, with 
 each parameter index.
 """
 
-import argparse
 import os
 import sys
 
@@ -21,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train_gpt2  # noqa: E402
 from nanogpt.cli import run_cli
-from nanogpt.sharding import full_state_dicts  # noqa: E402
+from nanogpt.sharding import full_state_dicts, zero_redundancy  # noqa: E402
 
 
 def main():
@@ -30,7 +29,7 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
-    optimizer = train_gpt2.build_optimizer(model, argparse.Namespace(weight_decay=0.1, max_lr=1e-3), "cpu", zero=True)
+    optimizer = zero_redundancy(model.configure_optimizers(0.1, 1e-3, "cpu"))
     for step in range(2):
         g = torch.Generator().manual_seed(step)
         for p in model.parameters():
