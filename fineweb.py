@@ -14,16 +14,12 @@ same command again resumes after the last complete shard. docs/data.md tells the
 """
 
 import argparse
-import codecs
-import hashlib
-import json
-import math
 import os
 import re
 import signal
 import sys
 import time
-from collections import Counter, deque
+from collections import deque
 from contextlib import closing, nullcontext
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -31,209 +27,26 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from nanogpt.cli import CLIParser, UserError, brief, run_cli
-from nanogpt.files import atomic_write, sha256_file, temporary_of
-from nanogpt.shards import SHARD_HEADER_INTS, list_shards, read_shard, write_shard
+from nanogpt.files import CPUS
+from nanogpt.hub_shards import download
+from nanogpt.shard_manifest import (REPEATED_INPUT, check_resume, check_unchanged, clear_folder, output_args,
+                                    read_manifest, save_json, shard_name, split_of)
+from nanogpt.shards import write_shard
+from nanogpt.text_inputs import (DEFAULT_DATASET, DEFAULT_NAME, INPUT_TYPES, KNOWN_TOKENS, hub_name, load_hub,
+                                 open_parquet, read_hub, read_local, split_document, txt_cuts)
 from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
+from nanogpt.train_val_split import report_split, val_split
 
-DEFAULT_DATASET, DEFAULT_NAME = "HuggingFaceFW/fineweb-edu", "sample-10BT"
-KNOWN_TOKENS = {(DEFAULT_DATASET, DEFAULT_NAME): 9.9e9}  # for the progress bar's ETA and the rate of --val_tokens N
-# of English text in GPT-2 tokens (data/austen.txt: 4.05): a local input's size in tokens, estimated
-BYTES_PER_TOKEN = 4
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
-INPUT_TYPES = (".txt", ".jsonl", ".parquet")
-REPEATED_INPUT = "its documents would be tokenized twice, and could be in both validation and train; drop one of them"
-CHUNK_CHARS = 1 << 18  # a long document is cut into pieces of about this many characters to be tokenized
 BATCH_CHARS = 1 << 18  # text per work item sent to a worker: pieces (or short documents) up to this many characters
-HUB_CHECKPOINT_DOCS = 64  # remember the hub stream's position every N documents
-HASH_BLOCK = 1 << 23  # an input is known by the sha256 of its 8 MiB blocks' sha256s
-# batch_size x seq_len of train_gpt2.py at its defaults and with --model tiny (its RUN_PRESETS; a test holds these to
-# the trainer's): one batch is that + 1 tokens (the last target), and the trainer reads no shard smaller than a batch
-DEFAULT_BATCH, TINY_BATCH = (64, 1024), (8, 256)
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
-# Where GPT-2's pre-tokenizer cuts anyway, so no pre-token reaches across: after "\S\n" before "\S" or "\n\S"
-# (that "\n" is a pre-token of its own), and in CRLF text before the last "\n" of "\S\r\n" or "\S\r\n\r\n" before
-# "\S" (whitespace before "\S" is cut before its last character). Python's \s is at least as wide as the
-# tokenizer's, so \S is no wider.
-SAFE_SPLIT = re.compile(r"(?<=\S\n)(?=\n?\S)|(?<=\S\r)(?=\n\S)|(?<=\S\r\n\r)(?=\n\S)")
-LOOKBEHIND = 4  # the most characters SAFE_SPLIT looks back on ("\S\r\n\r")
-
-
-# -----------------------------------------------------------------------------
-# Reading. Each reader yields documents (a str; for a .txt file, an iterator of its pieces) from number
-# `skip` on, adds the input bytes it used to progress["bytes"], and returns the part of `skip` left.
-
-
-def split_document(text, size=None):
-    """Pieces of at least `size` (CHUNK_CHARS) characters (the last may be shorter) whose tokens,
-    concatenated, are the text's."""
-    start, size = 0, size or CHUNK_CHARS
-    while len(text) - start > 2 * size and (m := SAFE_SPLIT.search(text, start + size, len(text) - size)):
-        yield text[start : m.start()]
-        start = m.start()
-    yield text[start:]
-
-
-def read_txt(path, progress):
-    """The file as one document (UTF-8, kept exactly), read and handed on a piece at a time. The text not yet
-    handed on is kept in blocks, and only what is new is searched for a split point: a file without one (a
-    giant line) still reads in linear time."""
-    decoder, blocks, size, scanned, offset = codecs.getincrementaldecoder("utf-8")(), [], 0, 0, 0
-    start = 0  # the file offset of the bytes the decoder is given next (with those it holds back)
-    try:
-        with open(path, "rb") as f:
-            while raw := f.read(CHUNK_CHARS):
-                start = offset - len(decoder.getstate()[0])
-                blocks.append(decoder.decode(raw))
-                size, offset = size + len(blocks[-1]), offset + len(raw)
-                progress["bytes"] += len(raw)
-                while size > 2 * CHUNK_CHARS:  # a big file never sits in memory whole
-                    search_from = max(CHUNK_CHARS, scanned)
-                    begin = max(0, search_from - LOOKBEHIND)
-                    if not (m := SAFE_SPLIT.search(last_chars(blocks, size - begin), search_from - begin)):
-                        scanned = size  # no split point yet: not scanned again
-                        break
-                    text, cut = "".join(blocks), begin + m.start()
-                    yield text[:cut]
-                    blocks, size, scanned = [text[cut:]], size - cut, 0
-        start = offset - len(decoder.getstate()[0])
-        yield "".join(blocks) + decoder.decode(b"", final=True)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {start + e.start:,}); convert it to UTF-8") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path} ({brief(e)})") from None
-
-
-def last_chars(blocks, n):
-    """The last n characters of the blocks' text, joining only the blocks they lie in."""
-    first, length = len(blocks), 0
-    while length < n:
-        first, length = first - 1, length + len(blocks[first - 1])
-    return "".join(blocks[first:])[length - n :]
-
-
-def text_of(value, where, field):
-    if isinstance(value, str):
-        return value
-    kind = type(value).__name__
-    what = "no" if value is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} in the"
-    raise UserError(f'{where}: {what} "{field}" field (each document needs a string "{field}"; '
-                    "use --text_field to read another)")
-
-
-def read_jsonl(path, field, skip, progress):
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            progress["bytes"] += len(line)
-            if line.strip() and (skip := skip - 1) < 0:  # a blank line is no document; skipped ones are not parsed
-                try:
-                    obj = json.loads(line)
-                except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python parses
-                    raise UserError(f"{path}:{lineno}: not valid JSON ({brief(e)})") from None
-                yield text_of(obj.get(field) if isinstance(obj, dict) else None, f"{path}:{lineno}", field)
-    return max(skip, 0)
-
-
-def open_parquet(path, field):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:
-        raise UserError(f"{path}: not a readable parquet file ({brief(e)})") from None
-    schema, names = pf.schema_arrow, pf.schema_arrow.names
-    kind = schema.field(field).type if names.count(field) == 1 else pa.null()
-    if pa.types.is_dictionary(kind):  # text stored once per distinct value (a pandas category, say)
-        kind = kind.value_type
-    if str(kind) not in ("string", "large_string", "string_view"):
-        one = "single " if names.count(field) > 1 else ""
-        raise UserError(f'{path}: no {one}"{field}" column of text (columns: {", ".join(names)}); use --text_field')
-    return pf
-
-
-def read_parquet(path, field, skip, progress):
-    """One document per row; the row groups before `skip` are not even read."""
-    pf, row, groups = open_parquet(path, field), 0, []
-    for g in range(pf.metadata.num_row_groups):
-        if groups or row + pf.metadata.row_group(g).num_rows > skip:
-            groups.append(g)
-        else:
-            row += pf.metadata.row_group(g).num_rows
-    per_row = os.path.getsize(path) / max(pf.metadata.num_rows, 1)
-    progress["bytes"] += per_row * row
-    for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
-        progress["bytes"] += per_row * batch.num_rows
-        for text in batch.column(0).to_pylist():
-            if (row := row + 1) > skip:
-                yield text_of(text, f"{path}: row {row - 1}", field)
-    return max(0, skip - pf.metadata.num_rows)
-
-
-def read_local(paths, field, skip, progress):
-    for path in paths:
-        try:
-            if not path.lower().endswith(".txt"):
-                read = read_jsonl if path.lower().endswith(".jsonl") else read_parquet
-                skip = yield from read(path, field, skip, progress)
-            elif skip > 0:  # resuming: this document is in finished shards
-                skip, progress["bytes"] = skip - 1, progress["bytes"] + os.path.getsize(path)
-            else:
-                yield read_txt(path, progress)
-        except (OSError, ValueError) as e:  # pyarrow's errors on corrupt data are OSError or ValueError
-            raise UserError(f"cannot read {path} ({brief(e)})") from None
-
-
-def load_hub(args):
-    import datasets
-    from huggingface_hub.utils import logging as hub_logging  # the package loads .utils lazily: import it by name
-
-    datasets.logging.set_verbosity_error()  # the hub client logs every retry; our one line says it all
-    hub_logging.set_verbosity_error()
-    try:
-        ds = datasets.load_dataset(args.dataset, name=args.name or None, split=args.split, streaming=True)
-    except Exception as e:
-        raise UserError(f"cannot load {hub_name(args)} from the Hugging Face hub ({brief(e)}); "
-                        "check the network and the names, or tokenize local files with --input FILE...") from None
-    if ds.column_names is not None and args.text_field not in ds.column_names:
-        raise UserError(f'{args.dataset} has no "{args.text_field}" column '
-                        f'(columns: {", ".join(ds.column_names)}); use --text_field')
-    return ds if ds.column_names is None else ds.select_columns([args.text_field])
-
-
-def read_hub(ds, args, skip, checkpoint, states):
-    """The streamed dataset's documents from number `skip` on; every HUB_CHECKPOINT_DOCS documents its
-    position {"doc", "state"} goes into `states` (unless None), for the shard that ends there."""
-    doc = 0
-    if checkpoint:
-        try:
-            ds.load_state_dict(checkpoint["state"])
-            doc = checkpoint["doc"]
-        except Exception as e:  # e.g. a state from another datasets version
-            print(f"cannot restore the stream position ({brief(e)}); "
-                  f"streaming from the start to skip {skip:,} documents")
-            ds = load_hub(args)
-    it = iter(ds)
-    while True:
-        if states is not None and doc >= skip and doc % HUB_CHECKPOINT_DOCS == 0:
-            states.append({"doc": doc, "state": ds.state_dict()})
-        try:
-            example = next(it)
-        except StopIteration:
-            return
-        except Exception as e:
-            raise UserError(f"reading {args.dataset} failed at document {doc} ({brief(e)}); "
-                            "run the same command again to resume") from None
-        if doc >= skip:
-            yield text_of(example.get(args.text_field), f"{args.dataset}: document {doc}", args.text_field)
-        doc += 1
 
 
 # -----------------------------------------------------------------------------
 # Tokenizing and cutting shards. A unit is a document, or with --val_tokens a piece of a .txt of at least
 # UNIT_CHARS characters; units are numbered over all inputs in order. A piece is text of at most about
-# 2 x CHUNK_CHARS characters, tagged (unit, new_doc, first): first if it starts the unit, new_doc if that
-# unit starts a document.
+# 2 x CHUNK_CHARS characters (text_inputs), tagged (unit, new_doc, first): first if it starts the unit, new_doc
+# if that unit starts a document.
 
 
 def pieces(docs, count, unit_chars, keep):
@@ -300,20 +113,6 @@ def init_worker():
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if sys.platform == "linux":  # PR_SET_PDEATHSIG: if the main process is killed, do not linger as orphans
         __import__("ctypes").CDLL(None).prctl(1, signal.SIGTERM)
-
-
-def save_json(path, obj):
-    with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=1)
-
-
-def split_of(name):
-    return "val" if "_val_" in name else "train"
-
-
-def shard_name(prefix, split, before):
-    """The shard of `split` after `before` of its shards: val shards count from 0, train from 1."""
-    return f"{prefix}_{split}_{before + (split == 'train'):06d}.bin"
 
 
 class ShardWriter:
@@ -434,7 +233,7 @@ class Router:
 
 
 # -----------------------------------------------------------------------------
-# Arguments, the output folder, the run
+# Arguments
 
 
 def count_arg(text):
@@ -454,10 +253,6 @@ def val_tokens_arg(text):
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 "
                                          "nor a whole number of tokens") from None
-
-
-def hub_name(args):
-    return f"{args.dataset} {args.name} ({args.split})" if args.name else f"{args.dataset} ({args.split})"
 
 
 def build_parser():
@@ -536,137 +331,8 @@ def check_args(args):
         raise UserError(f"--prefix {args.prefix!r}: use letters, digits, '.', '-', '_' and no '_val'/'_train' part")
 
 
-def content_hash(path):
-    """The sha256 of the sha256s of the file's blocks, hashed side by side (hashlib releases the GIL):
-    ~1% of the time tokenizing the file takes, however many cores do that."""
-    def block(i):
-        with open(path, "rb") as f:
-            f.seek(i * HASH_BLOCK)
-            return hashlib.sha256(f.read(HASH_BLOCK)).digest()
-
-    blocks = max(1, -(-os.path.getsize(path) // HASH_BLOCK))
-    with ThreadPoolExecutor(CPUS) as pool:
-        return hashlib.sha256(b"".join(pool.map(block, range(blocks)))).hexdigest()
-
-
-def val_split(args):
-    """(rate, quota) of --val_tokens: a fraction is the rate, with no quota; a count X is the quota, and
-    the rate is X over the input's estimated size in tokens."""
-    if args.val_tokens < 1:
-        return args.val_tokens, math.inf
-    if args.input:
-        total = sum(text_bytes(path, args.text_field) for path in args.input) / BYTES_PER_TOKEN
-    elif (total := KNOWN_TOKENS.get((args.dataset, args.name))) is None:
-        raise UserError(f"--val_tokens {args.val_tokens}: the size of {hub_name(args)} is unknown, so a count of "
-                        "tokens cannot be spread over it; give a fraction of it instead (e.g. --val_tokens 0.001)")
-    if args.val_tokens >= total:
-        raise UserError(f"--val_tokens {args.val_tokens:,}: the input holds only about {total:,.0f} tokens; "
-                        "ask for fewer, or give a fraction")
-    return args.val_tokens / total, args.val_tokens
-
-
-def text_bytes(path, field):
-    """The file's size; for a .parquet, the uncompressed size of its text column."""
-    if not path.lower().endswith(".parquet"):
-        return os.path.getsize(path)
-    meta = open_parquet(path, field).metadata
-    columns = (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns))
-    return sum(c.total_uncompressed_size for c in columns if c.path_in_schema == field)
-
-
-def output_args(args):
-    """What decides the shards' content: a rerun must match these to resume."""
-    out = {"shard_size": args.shard_size, "prefix": args.prefix, "text_field": args.text_field}
-    if args.val_tokens:
-        out.update(val_tokens=args.val_tokens, seed=args.seed)
-        if any(path.lower().endswith(".txt") for path in args.input or []):
-            # how a .txt is cut into units decides which are drawn: a resume under other sizes or rule is refused
-            out.update(txt_cuts=[UNIT_CHARS, CHUNK_CHARS, SAFE_SPLIT.pattern])
-    if not args.input:
-        return dict(out, dataset=args.dataset, name=args.name, split=args.split)
-    try:
-        args.input_stats = list(map(stat_of, args.input))  # taken before hashing: what changes later is seen
-        inputs = [{"path": os.path.abspath(p), "bytes": os.path.getsize(p), "sha256_of_8MiB_blocks": content_hash(p)}
-                  for p in args.input]
-        first = {}  # content hash of each non-empty --input: the index of the first with it (an empty one adds nothing)
-        for i, (path, entry) in enumerate(zip(args.input, inputs)):
-            if entry["bytes"] and (was := first.setdefault(entry["sha256_of_8MiB_blocks"], i)) != i:
-                raise UserError(f"--input {args.input[was]} and {path} hold the same content: {REPEATED_INPUT}")
-        return dict(out, inputs=inputs)
-    except OSError as e:
-        raise UserError(f"cannot read --input {e.filename} ({brief(e)})") from None
-
-
-def stat_of(path):
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
-
-
-def check_unchanged(args, inputs):
-    """At the end of the input: a UserError if an --input changed since it was hashed (before it was read),
-    as its shards may then mix its old and new content."""
-    for path, stat, entry in zip(args.input, args.input_stats, inputs):
-        try:
-            same = stat_of(path) == stat or content_hash(path) == entry["sha256_of_8MiB_blocks"]
-        except OSError:  # gone
-            same = False
-        if not same:
-            raise UserError(f"--input {path} changed while it was read: the shards may mix its old and new content; "
-                            "once it is final, run the same command with --overwrite")
-
-
-def read_manifest(args):
-    """The manifest of an earlier run, checked enough to resume from; None if there is none."""
-    path = os.path.join(args.output_dir, "manifest.json")
-    if not os.path.lexists(path):
-        return None
-    try:
-        with open(path) as f:
-            m = json.load(f)
-        # the prefix is the args' (which a resume checks against a plain name): shard names stay in the folder
-        if not (isinstance(m["args"], dict) and isinstance(m["shards"], list) and isinstance(m["complete"], bool)
-                and isinstance(m["prefix"], str) and m["prefix"] == m["args"].get("prefix")):
-            raise ValueError('"args", "shards", "complete" or "prefix" is not what fineweb.py writes')
-        # shards per split; tokens per stream
-        counts, totals, by_split = Counter(), Counter(), bool(m["args"].get("val_tokens"))
-        for i, s in enumerate(m["shards"]):
-            split = split_of(s["name"]) if by_split else "train" if i else "val"
-            totals[split if by_split else None] += s["tokens"]
-            if not (s["name"] == shard_name(m["prefix"], split, counts[split]) and isinstance(s["sha256"], str)
-                    and type(s.get("checkpoint", {"doc": 0})["doc"]) is int
-                    and all(type(s[k]) is int and s[k] >= 0 for k in ("tokens", "end_doc", "end_doc_tokens"))
-                    and s["end_doc_tokens"] <= totals[split if by_split else None]):
-                raise ValueError(f"shard entry {i} is not one fineweb.py writes")
-            counts[split] += 1
-        return m
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-        if args.overwrite:  # replaced; but no shard there is known to be ours, so none is deleted
-            return {"prefix": None, "shards": []}
-        raise UserError(f"{path} is not a manifest of fineweb.py ({brief(e)}); choose another --output_dir, "
-                        "or pass --overwrite to replace it") from None
-
-
-def check_resume(args, old, want):
-    """Nothing if the shards of manifest `old` were made with these arguments and are intact; else a UserError."""
-    if "txt_cuts" not in want:  # older manifests record .txt unit sizes for every --val_tokens run: no .txt, no matter
-        old = dict(old, args={k: v for k, v in old["args"].items() if k != "unit_chars"})
-    olds, news = old["args"].get("inputs"), want.get("inputs")
-    same_files = isinstance(olds, list) and all(isinstance(o, dict) and "sha256_of_8MiB_blocks" in o for o in olds) \
-        and [o["path"] for o in olds] == [n["path"] for n in news or []]
-    if old["args"] != want and news and olds != news and same_files:
-        changed = next(n["path"] for o, n in zip(olds, news) if o != n)
-        raise UserError(f"--input {changed} changed since the shards in {args.output_dir} were made from it; pass "
-                        "--overwrite to start over with its new content (or put the old file back to resume)")
-    if old["args"] != want:
-        key = next(k for k in {**old["args"], **want} if old["args"].get(k) != want.get(k))
-        was, now = json.dumps(old["args"].get(key))[:100], json.dumps(want.get(key))[:100]
-        raise UserError(f"{args.output_dir} holds shards made with other arguments ({key} was {was}, now {now}); "
-                        "rerun with the same arguments to resume, pass --overwrite to start over, "
-                        "or choose another --output_dir")
-    for shard in old["shards"]:
-        path = os.path.join(args.output_dir, shard["name"])
-        if not os.path.isfile(path) or os.path.getsize(path) != 4 * SHARD_HEADER_INTS + 2 * shard["tokens"]:
-            raise UserError(f"{path} is missing or has the wrong size; pass --overwrite to start over")
+# -----------------------------------------------------------------------------
+# The run: inputs -> tokenizer pool -> shard cutter -> manifest
 
 
 def main(argv=None):
@@ -675,13 +341,13 @@ def main(argv=None):
     args = build_parser().parse_marked(argv)
     check_args(args)
     if args.download is not None:
-        return download(args)
-    out, old = args.output_dir, read_manifest(args)
-    want = output_args(args)
+        return download(args.download, args.output_dir, args.max_shards)
+    out, old = args.output_dir, read_manifest(args.output_dir, args.overwrite)
+    want = output_args(args, txt_cuts(UNIT_CHARS))
     val = val_split(args) if args.val_tokens else None
     resume = bool(old and old["shards"] and not args.overwrite)
     if resume:
-        check_resume(args, old, want)
+        check_resume(out, old, want)
         if old["complete"] or 0 < args.max_shards <= len(old["shards"]):
             why = "" if old["complete"] else " (--max_shards)"
             return print(f"{out} already has {len(old['shards'])} shards{why}; nothing to do")
@@ -706,26 +372,6 @@ def main(argv=None):
         raise UserError(f"a tokenizer process died (killed, e.g. by the out-of-memory killer); the "
                         f"{len(manifest['shards'])} shards written are kept: run the same command again to resume "
                         "(with a smaller --num_proc if memory is short)") from None
-
-
-def clear_folder(out, prefix, shards):
-    """Before any shard is written: refuse shards in `out` that are not ours (train_gpt2.py would read them
-    too), then remove those of ours that the manifest does not list (from before --overwrite, or from a
-    crash) and a killed run's temporaries. Ours: named with the `prefix` of the manifest found in `out`."""
-    listed = {s["name"] for s in shards}
-    shard = re.compile(rf"{re.escape(prefix or '')}_(val|train)_\d{{6}}\.bin")
-
-    def is_stale(name):
-        final = temporary_of(name)
-        return final == "manifest.json" or bool(prefix and shard.fullmatch(final or name))
-
-    stale = set(filter(is_stale, set(os.listdir(out)) - listed))
-    others = sorted(set(map(os.path.basename, list_shards(out, "val") + list_shards(out, "train"))) - listed - stale)
-    if others:
-        raise UserError(f"{out} already holds shards without a manifest.json of fineweb.py ({others[0]}, ...); "
-                        "train_gpt2.py would read them too: choose another --output_dir or remove them")
-    for name in stale:
-        os.remove(os.path.join(out, name))
 
 
 def make_shards(args, manifest, ds, pool, val):
@@ -787,92 +433,7 @@ def make_shards(args, manifest, ds, pool, val):
                      "run again without it to go on")
     print(f"done: {len(shards)} shards, {manifest['tokens']:,} tokens of {manifest['documents']:,} documents "
           f"in {args.output_dir} ({speed})")
-    report_split(args, shards, val and (val[1], cutters["val"].written))
-
-
-def report_split(args, shards, val):
-    """What a finished run's split means for train_gpt2.py. val: (tokens asked for, tokens drawn) with --val_tokens."""
-    if val:
-        (asked, got), total = val, sum(s["tokens"] for s in shards)
-        short = got < asked < math.inf
-        print(f"validation: {got:,} tokens ({got / total:.2%}) drawn from across the input (seed {args.seed})" + (
-              f"; fewer than the {asked:,} asked for: units are drawn at random, at the rate the input's estimated "
-              f"size (~{BYTES_PER_TOKEN} bytes per token) gives; ask for more, or give a fraction" if short else ""))
-    if full := batch_fit(args.shard_size):
-        print(f"{full[0]}: shards of {args.shard_size:,} tokens hold {full[1]}")
-    ends = {split_of(s["name"]): s for s in shards}  # each split's last shard
-    if "train" not in ends:
-        print("note: that is only validation; train_gpt2.py needs train shards too: use a smaller "
-              + ("--val_tokens" if val else f"--shard_size (now {args.shard_size:,})"))
-    for split, s in ends.items():  # (without --val_tokens, the val shard is shard 0: full unless it is the only one)
-        if (last := batch_fit(s["tokens"])) and last != full and (val or split == "train"):
-            print(f"{last[0]}: the last {split} shard {s['name']} holds only {s['tokens']:,} tokens, {last[1]}")
-
-
-def batch_fit(tokens):
-    """None if a shard of `tokens` tokens holds one batch of train_gpt2.py at its defaults, else (level, words): the
-    batches it is too small for, and what fits (--model tiny, the quick start's, or only a smaller batch)."""
-    (b, t), (tiny_b, tiny_t) = DEFAULT_BATCH, TINY_BATCH
-    if tokens > b * t:
-        return None
-    default, tiny = f"at its defaults ({b * t + 1:,} = {b}x{t}+1)", f"({tiny_b * tiny_t + 1:,} = {tiny_b}x{tiny_t}+1)"
-    if tokens > tiny_b * tiny_t:
-        return "note", (f"less than one batch of train_gpt2.py {default}, which reads no shard smaller than its "
-                        f"batch; --model tiny's batch {tiny} fits")
-    return "warning", (f"less than one batch of train_gpt2.py {default} or with --model tiny {tiny}, which reads no "
-                       "shard smaller than its batch; a smaller --batch_size x --seq_len fits")
-
-
-def download(args):
-    """The *.bin shards at the top of a hub dataset repo (val first, --max_shards of them) into --output_dir,
-    sizes checked against the hub's, and a manifest.json for --verify_data. A rerun resumes: huggingface_hub
-    skips the files already complete."""
-    import huggingface_hub as hub
-    from huggingface_hub.utils import logging as hub_logging  # the package loads .utils lazily: import it by name
-
-    hub_logging.set_verbosity_error()  # not a line per retry
-    out, source = args.output_dir, f"hub: {args.download}"
-    try:  # never over the shards of another manifest.json (tokenized, another repo's, not fineweb.py's)
-        with open(os.path.join(out, "manifest.json")) as f:
-            was = json.load(f)["source"]
-    except FileNotFoundError:
-        was = source
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-        raise UserError(f"{out}/manifest.json is not one of fineweb.py ({brief(e)}); --download would replace it: "
-                        "choose another --output_dir") from None
-    if was != source:
-        raise UserError(f"{out} holds shards of {str(was)[:100]}; --download would replace them: "
-                        "choose another --output_dir")
-    try:
-        files = hub.HfApi().list_repo_tree(args.download, repo_type="dataset")
-        sizes = {f.path: f.size for f in files if f.path.endswith(".bin")}
-        names = sorted(sizes, key=lambda n: ("_val_" not in n, n))[: args.max_shards or None]
-        if not names:
-            raise UserError(f"{args.download} holds no .bin token shards at its top level; name a repo of llm.c shards")
-        if others := {os.path.basename(p) for p in list_shards(out, "val") + list_shards(out, "train")} - set(sizes):
-            raise UserError(f"{out} holds other shards ({min(others)}, ...) that train_gpt2.py would read too; "
-                            "choose another --output_dir")
-        hub.snapshot_download(args.download, repo_type="dataset", local_dir=out, allow_patterns=names)
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"cannot download {args.download} from the Hugging Face hub ({brief(e)}); check the network "
-                        "and the repo name (rerunning resumes)") from None
-    shards = []
-    try:
-        for path, size in ((os.path.join(out, n), sizes[n]) for n in names):
-            if (got := os.path.getsize(path) if os.path.isfile(path) else 0) != size:
-                raise UserError(f"{path}: {got} bytes where the hub has {size}; "
-                                "delete it and run the same command again")
-            name = os.path.basename(path)
-            shards.append({"name": name, "tokens": len(read_shard(path)), "sha256": sha256_file(path)})
-        manifest = {"source": source, "tokenizer": "gpt2 (as published)", "shards": shards,
-                    "complete": True, "tokens": sum(s["tokens"] for s in shards)}
-        save_json(os.path.join(out, "manifest.json"), manifest)
-    except OSError as e:
-        raise UserError(f"cannot write {out}/manifest.json ({brief(e)}); "
-                        "free space and run the same command again") from None
-    print(f"done: {len(shards)} shards, {sum(s['tokens'] for s in shards):,} tokens of {args.download} in {out}")
+    report_split(shards, args.shard_size, args.seed, val and (val[1], cutters["val"].written))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 
 import fineweb
 import train_gpt2
+from nanogpt import text_inputs
 from nanogpt.shards import read_shard, write_shard
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
@@ -49,7 +50,7 @@ DOCS = [
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", SMALL_CHUNK)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", SMALL_CHUNK)
     monkeypatch.setattr(fineweb, "BATCH_CHARS", SMALL_CHUNK)
 
 
@@ -134,7 +135,7 @@ def check_shards(d, docs, shard_size):
 def test_safe_split_points_keep_the_tokens():
     enc = train_gpt2.get_tokenizer()
     text = "".join(DOCS[4:7]) * 4 + DOCS[0]
-    pieces = list(fineweb.split_document(text))
+    pieces = list(text_inputs.split_document(text))
     assert len(pieces) > 5 and "".join(pieces) == text
     assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(text)
     # the text is adversarial: cutting after every newline would change its tokens
@@ -143,7 +144,7 @@ def test_safe_split_points_keep_the_tokens():
     assert [t for p in naive for t in enc.encode_ordinary(p)] != enc.encode_ordinary(text)
     # paragraphs with no single line break: cut between the two newlines of a blank line
     paragraphs = "\n\n".join(" ".join(line.split()) for line in austen(5000, 4000).split("\n\n")) + "\n\n\nend\n \nx\n\n 'll\n\n'd"
-    pieces = list(fineweb.split_document(paragraphs))
+    pieces = list(text_inputs.split_document(paragraphs))
     assert len(pieces) > 5 and "".join(pieces) == paragraphs and all(p.startswith("\n") for p in pieces[1:])
     assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(paragraphs)
 
@@ -153,7 +154,7 @@ def test_big_txt_is_read_in_pieces(tmp_path):
     path = tmp_path / "big.txt"
     path.write_bytes(text.encode("utf-8"))
     progress = {"bytes": 0}
-    pieces = list(fineweb.read_txt(str(path), progress))
+    pieces = list(text_inputs.read_txt(str(path), progress))
     assert len(pieces) > 10 and "".join(pieces) == text
     assert progress["bytes"] == len(text.encode("utf-8"))
     assert max(len(p) for p in pieces) < 4 * SMALL_CHUNK + 400  # bounded by the chunk size, not the file
@@ -202,8 +203,9 @@ def test_stop_and_resume_gives_the_same_shards(tmp_path):
 KILLER = """
 import os, signal, sys
 import fineweb
+from nanogpt import text_inputs
 from nanogpt.files import temporary_name
-fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = {chunk}
+text_inputs.CHUNK_CHARS = fineweb.BATCH_CHARS = {chunk}
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
@@ -245,8 +247,8 @@ def test_hub_path_streams_and_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # a stream position at every document, several documents per chunk: shards end mid-chunk, before
     # some of its positions, which must not be the ones recorded
-    monkeypatch.setattr(fineweb, "HUB_CHECKPOINT_DOCS", 1)
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(text_inputs, "HUB_CHECKPOINT_DOCS", 1)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", 3000)
     monkeypatch.setattr(fineweb, "BATCH_CHARS", 3000)
     data = tmp_path / "hubdata"
     data.mkdir()
@@ -263,8 +265,9 @@ def test_hub_path_streams_and_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     shards = read_manifest(out)["shards"]
     assert all(s["checkpoint"]["doc"] <= s["end_doc"] for s in shards) and shards[-1]["checkpoint"]["doc"] > 0
     loads = []
-    real_load = fineweb.load_hub
-    monkeypatch.setattr(fineweb, "load_hub", lambda args: loads.append(1) or real_load(args))
+    real_load = text_inputs.load_hub
+    for module in (fineweb, text_inputs):  # the run's stream, and a fresh one if the saved state does not restore
+        monkeypatch.setattr(module, "load_hub", lambda args: loads.append(1) or real_load(args))
     fineweb.main([*flags, "--output_dir", out])
     assert loads == [1]  # the saved stream state was restored, not replaced by a fresh stream
     assert shard_bytes(out) == shard_bytes(whole)

@@ -24,6 +24,7 @@ import pytest
 import fineweb
 import nanogpt.files
 import train_gpt2
+from nanogpt import shard_manifest, text_inputs
 from nanogpt.cli import UserError
 from nanogpt.files import temporary_of
 from nanogpt.shards import verify_shards, write_shard
@@ -156,7 +157,7 @@ def test_input_changed_while_it_is_read_is_refused(tmp_path, monkeypatch, capsys
     lines = [json.dumps({"text": austen(700 * i, 700)}) + "\n" for i in range(40)]
     path = tmp_path / "growing.jsonl"
     path.write_text("".join(lines), encoding="utf-8")
-    real, changed = fineweb.content_hash, []
+    real, changed = shard_manifest.content_hash, []
 
     def hash_then_change(p):  # the change lands after the input is first hashed, before it is read
         digest = real(p)
@@ -175,7 +176,7 @@ def test_input_changed_while_it_is_read_is_refused(tmp_path, monkeypatch, capsys
         yield from real_read(*a)
         os.remove(path)
 
-    monkeypatch.setattr(fineweb, "content_hash", hash_then_change)
+    monkeypatch.setattr(shard_manifest, "content_hash", hash_then_change)
     real_read = fineweb.read_local
     if change == "removed":
         monkeypatch.setattr(fineweb, "read_local", read_then_remove)
@@ -193,9 +194,10 @@ def test_input_changed_while_it_is_read_is_refused(tmp_path, monkeypatch, capsys
 PAUSE_AFTER_FIRST_SHARD = """
 import sys
 import fineweb
+from nanogpt import text_inputs
 from nanogpt.cli import run_cli
 
-fineweb.CHUNK_CHARS = fineweb.BATCH_CHARS = 256
+text_inputs.CHUNK_CHARS = fineweb.BATCH_CHARS = 256
 real = fineweb.write_shard
 def write_shard(path, tokens):
     digest = real(path, tokens)
@@ -222,7 +224,7 @@ def children(pid):
 
 
 def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 256)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", 256)
     monkeypatch.setattr(fineweb, "BATCH_CHARS", 256)
     text = austen(100000, 60000)
     (tmp_path / "book.txt").write_text(text, encoding="utf-8")
@@ -259,7 +261,7 @@ def test_a_giant_line_is_read_in_linear_time(tmp_path, monkeypatch):
     """A .txt with no split point for megabytes is held whole (it cannot be cut), but each block read is
     searched once: the text handed to the split search adds up to about the file's length, not to the
     square of it (a 1 GB line would take hours). The pieces still tile the file."""
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 100)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", 100)
     searched = []
 
     class CountingSplit:  # SAFE_SPLIT, counting the characters of each string it is given
@@ -267,11 +269,11 @@ def test_a_giant_line_is_read_in_linear_time(tmp_path, monkeypatch):
             searched.append(len(text))
             return SAFE_SPLIT.search(text, pos)
 
-    SAFE_SPLIT = fineweb.SAFE_SPLIT
-    monkeypatch.setattr(fineweb, "SAFE_SPLIT", CountingSplit())
+    SAFE_SPLIT = text_inputs.SAFE_SPLIT
+    monkeypatch.setattr(text_inputs, "SAFE_SPLIT", CountingSplit())
     text = "word " * 20000 + "end.\nA second line.\nAnd a third one, " + "more " * 2000 + "\n"
     (tmp_path / "line.txt").write_text(text, encoding="utf-8")
-    read = list(fineweb.read_txt(str(tmp_path / "line.txt"), {"bytes": 0}))
+    read = list(text_inputs.read_txt(str(tmp_path / "line.txt"), {"bytes": 0}))
     assert "".join(read) == text and len(read) >= 2  # cut after the giant line
     assert len(searched) >= len(text) // 100 - 5  # a search for each block read
     assert sum(searched) < 2 * len(text)
@@ -282,7 +284,7 @@ def test_crlf_text_is_cut_at_its_line_breaks(tmp_path, monkeypatch, capsys):
     whole (memory, one worker, and time quadratic in its size), and the pieces' tokens are the text's."""
     enc = train_gpt2.get_tokenizer()
     text = austen(0, 60000).replace("\n", "\r\n")
-    pieces = list(fineweb.split_document(text, 2000))
+    pieces = list(text_inputs.split_document(text, 2000))
     assert len(pieces) > 10 and "".join(pieces) == text
     assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(text)
     # every cut the rule allows keeps the tokens, on short strings made of what is near a line break
@@ -291,14 +293,14 @@ def test_crlf_text_is_cut_at_its_line_breaks(tmp_path, monkeypatch, capsys):
     cuts = 0
     for _ in range(3000):
         s = "".join(rng.choice(alphabet, rng.integers(1, 12)))
-        for m in fineweb.SAFE_SPLIT.finditer(s):
+        for m in text_inputs.SAFE_SPLIT.finditer(s):
             cuts += 1
             assert enc.encode_ordinary(s[: m.start()]) + enc.encode_ordinary(s[m.start() :]) == enc.encode_ordinary(s), repr(s)
     assert cuts > 300
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 1000)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", 1000)
     monkeypatch.setattr(fineweb, "BATCH_CHARS", 1000)
     (tmp_path / "windows.txt").write_bytes(text.encode("utf-8"))
-    read = list(fineweb.read_txt(str(tmp_path / "windows.txt"), {"bytes": 0}))
+    read = list(text_inputs.read_txt(str(tmp_path / "windows.txt"), {"bytes": 0}))
     assert len(read) > 20 and max(map(len, read)) < 4000 and "".join(read) == text
     out = tmp_path / "out"
     assert fineweb_cli(capsys, "--input", tmp_path / "windows.txt", "--output_dir", out, "--shard_size", "3000", "--num_proc", "2")[0] == 0
@@ -483,7 +485,8 @@ CASES = {
     "input is a directory": (["--input", "DIR/folder.txt"], ["folder.txt", "directory"]),
     "input .json": (["--input", "DIR/a.json"], ["a.json", ".txt, .jsonl, .parquet"]),
     "input unreadable": (["--input", "DIR/ok.txt"], ["cannot read", "ok.txt", "PermissionError"],
-                         lambda mp, d, out, new: fake_open(mp, fineweb, errno.EACCES, lambda p, m: p.endswith("ok.txt"))),
+                         lambda mp, d, out, new: [fake_open(mp, module, errno.EACCES, lambda p, m: p.endswith("ok.txt"))
+                                                  for module in (nanogpt.files, text_inputs)]),  # hashed, read
     "txt not utf-8": (["--input", "DIR/latin1.txt", "--output_dir", "NEW"], ["latin1.txt", "UTF-8", "(byte 3)"]),
     "txt ends inside a character": (["--input", "DIR/cut.txt", "--output_dir", "NEW"], ["cut.txt", "UTF-8", "(byte 3)"]),
     "txt not utf-8 deep inside": (["--input", "DIR/deep.txt", "--output_dir", "NEW"], ["deep.txt", "(byte 1,000,003)"]),

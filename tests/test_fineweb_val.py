@@ -17,6 +17,7 @@ import pytest
 
 import fineweb
 import train_gpt2
+from nanogpt import text_inputs, train_val_split
 from nanogpt.shards import list_shards
 from conftest import ROOT, assert_cli_error, fineweb_cli, run_script
 
@@ -26,7 +27,7 @@ EOT = 50256
 @pytest.fixture(autouse=True)
 def small_units(monkeypatch):
     # small chunks and .txt units, so that a test-sized input has many of both and documents cross chunks
-    monkeypatch.setattr(fineweb, "CHUNK_CHARS", 700)
+    monkeypatch.setattr(text_inputs, "CHUNK_CHARS", 700)
     monkeypatch.setattr(fineweb, "BATCH_CHARS", 700)
     monkeypatch.setattr(fineweb, "UNIT_CHARS", 300)
 
@@ -160,7 +161,7 @@ def test_crlf_text_is_drawn_from_in_pieces(tmp_path):
 def test_count_stops_one_document_past_the_quota(tmp_path, monkeypatch, capsys):
     paths, docs = write_inputs(str(tmp_path / "in"), txt=False)
     # the size estimate 3x too small: the rate is 3x too high, and the quota is met about a third of the way in
-    monkeypatch.setattr(fineweb, "BYTES_PER_TOKEN", 12)
+    monkeypatch.setattr(train_val_split, "BYTES_PER_TOKEN", 12)
     out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 3000)
     found = match_inputs(out, docs)
     val = [t for _, split, t in found if split == "val"]
@@ -219,8 +220,9 @@ def test_output_does_not_depend_on_how_the_work_is_cut(tmp_path, monkeypatch):
 KILLER = """
 import os, signal, sys
 import fineweb
+from nanogpt import text_inputs
 from nanogpt.files import temporary_name
-fineweb.CHUNK_CHARS, fineweb.BATCH_CHARS, fineweb.UNIT_CHARS = 700, 700, 300
+text_inputs.CHUNK_CHARS, fineweb.BATCH_CHARS, fineweb.UNIT_CHARS = 700, 700, 300
 real, calls = fineweb.write_shard, [0]
 def write_then_die(path, tokens):
     calls[0] += 1
@@ -237,7 +239,7 @@ fineweb.main(sys.argv[1:])
 @pytest.mark.parametrize("val_tokens", ["0.25", "4000"])
 def test_stopped_and_killed_runs_resume_to_the_same_shards(tmp_path, monkeypatch, val_tokens):
     if val_tokens == "4000":
-        monkeypatch.setattr(fineweb, "BYTES_PER_TOKEN", 8)  # the size estimate too small: the quota is met before the end
+        monkeypatch.setattr(train_val_split, "BYTES_PER_TOKEN", 8)  # the size estimate too small: the quota is met before the end
     paths, docs = write_inputs(str(tmp_path / "in"))
     flags = ["--shard_size", 2000, "--val_tokens", val_tokens]
     whole = shard_bytes(run(paths, tmp_path / "whole", *flags))
@@ -318,13 +320,14 @@ def test_other_val_tokens_or_seed_is_refused(tmp_path, capsys):
     assert shard_bytes(out) == before
 
 
-@pytest.mark.parametrize("name, value", [("UNIT_CHARS", 400), ("SAFE_SPLIT", re.compile(r"(?<=\S\n)(?=\n?\S)"))])
-def test_a_resume_under_other_unit_sizes_or_cuts_is_refused(tmp_path, capsys, monkeypatch, name, value):
+@pytest.mark.parametrize("module, name, value", [(fineweb, "UNIT_CHARS", 400),
+                                                 (text_inputs, "SAFE_SPLIT", re.compile(r"(?<=\S\n)(?=\n?\S)"))])
+def test_a_resume_under_other_unit_sizes_or_cuts_is_refused(tmp_path, capsys, monkeypatch, module, name, value):
     """Which .txt units are drawn depends on how the text is cut: a resume cut otherwise would mix two draws."""
     paths, _ = write_inputs(str(tmp_path / "in"))
     out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.1, "--max_shards", 2)
     before = shard_bytes(out)
-    monkeypatch.setattr(fineweb, name, value)
+    monkeypatch.setattr(module, name, value)
     result = fineweb_cli(capsys, "--input", *paths, "--output_dir", out, "--shard_size", 1000, "--val_tokens", 0.1)
     assert_cli_error(result, "txt_cuts", "--overwrite")
     assert shard_bytes(out) == before
@@ -338,7 +341,7 @@ def test_a_resume_of_a_manifest_with_unit_sizes_but_no_txt_goes_on(tmp_path, cap
     out = run(paths, tmp_path / "out", "--shard_size", 1000, "--val_tokens", 0.1, "--max_shards", 2)
     manifest = read_manifest(out)
     assert "txt_cuts" not in manifest["args"]
-    manifest["args"]["unit_chars"] = [fineweb.UNIT_CHARS, fineweb.CHUNK_CHARS]
+    manifest["args"]["unit_chars"] = [fineweb.UNIT_CHARS, text_inputs.CHUNK_CHARS]
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     run(paths, out, "--shard_size", 1000, "--val_tokens", 0.1)
