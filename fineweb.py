@@ -13,9 +13,7 @@ across the input go to val shards. manifest.json records each shard and the docu
 same command again resumes after the last complete shard. docs/data.md tells the rest.
 """
 
-import argparse
 import os
-import re
 import signal
 import sys
 import time
@@ -26,20 +24,20 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
+from nanogpt.arguments import check_fineweb_args, count_arg, val_tokens_arg
 from nanogpt.cli import CLIParser, UserError, brief, run_cli
 from nanogpt.files import CPUS
 from nanogpt.hub_shards import download
-from nanogpt.shard_manifest import (REPEATED_INPUT, check_resume, check_unchanged, clear_folder, output_args,
-                                    read_manifest, save_json, shard_name, split_of)
+from nanogpt.shard_manifest import (check_resume, check_unchanged, clear_folder, output_args, read_manifest, save_json,
+                                    shard_name, split_of)
 from nanogpt.shards import write_shard
-from nanogpt.text_inputs import (DEFAULT_DATASET, DEFAULT_NAME, INPUT_TYPES, KNOWN_TOKENS, hub_name, load_hub,
-                                 open_parquet, read_hub, read_local, split_document, txt_cuts)
-from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
-from nanogpt.train_val_split import report_split, val_split
+from nanogpt.text_inputs import (DEFAULT_DATASET, DEFAULT_NAME, KNOWN_TOKENS, hub_name, load_hub, read_hub, read_local,
+                                 split_document, txt_cuts)
+from nanogpt.tokenizer import get_tokenizer
+from nanogpt.train_val_split import Router, report_split, val_split
 
 UNIT_CHARS = 1 << 11  # with --val_tokens, a .txt is drawn from in units of at least this many characters (~500 tokens)
 BATCH_CHARS = 1 << 18  # text per work item sent to a worker: pieces (or short documents) up to this many characters
-EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
 
 
 # -----------------------------------------------------------------------------
@@ -187,72 +185,8 @@ class ShardCutter:
             self.flush()
 
 
-def draw(seed, unit):
-    """A number in [0, 1) fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
-    z = (unit * 0x9E3779B97F4A7C15 + seed) % 2**64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
-    return ((z ^ (z >> 31)) >> 11) / 2**53
-
-
-class Router:
-    """Sends each unit's tokens to its split's cutter. Without --val_tokens (val None) there is one, split None.
-    With it (val: rate, quota), a unit is val if draw(seed, unit) < rate and the val units before it hold
-    fewer than `quota` tokens, else train. Each unit's tokens start with <|endoftext|>, but a .txt unit that
-    follows its text's previous unit in the same split goes on without one. A resumed run with --val_tokens
-    reads the input from the start: the units before each cutter's first are in shards already (and so not
-    tokenized: keep)."""
-
-    def __init__(self, cutters, seed, val):
-        self.cutters, self.seed, (self.rate, self.quota) = cutters, seed, val or (None, None)
-        self.first = {split: c.unit for split, c in cutters.items()}
-        self.val_tokens = cutters["val"].pos if val else 0  # tokens of the val units before the next one
-        self.split, self.unit = None, -1  # the last unit's split and number
-
-    def drawn_split(self, unit):
-        """The unit's split while the val quota is not met."""
-        return None if self.rate is None else "val" if draw(self.seed, unit) < self.rate else "train"
-
-    def keep(self, unit):
-        """Whether the unit may still be needed (else it is in shards, and its split is the one drawn)."""
-        return unit >= self.first[self.drawn_split(unit)]
-
-    def add(self, tag, tokens):
-        """The tokens of a piece tagged (unit, new_doc, first)."""
-        unit, new_doc, first = tag
-        if first:
-            before = self.split if self.unit == unit - 1 else self.drawn_split(unit - 1)
-            drawn = self.drawn_split(unit)
-            self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
-            if new_doc or self.split != before:
-                tokens = np.concatenate([EOT, tokens])
-            self.unit = unit
-        self.val_tokens += len(tokens) * (self.split == "val")
-        if unit >= self.first[self.split]:
-            self.cutters[self.split].add(unit, tokens)
-
-
 # -----------------------------------------------------------------------------
-# Arguments
-
-
-def count_arg(text):
-    """1e8, 100000000 or 100_000_000: a whole number from 1 to 2**31-1."""
-    try:
-        if (value := float(text)).is_integer() and 1 <= value < 2**31:
-            return int(value)
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 2**31-1")
-
-
-def val_tokens_arg(text):
-    """A fraction in (0, 1), or a count of tokens as count_arg takes it."""
-    try:
-        return value if 0 < (value := float(text)) < 1 else count_arg(text)
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 "
-                                         "nor a whole number of tokens") from None
+# Arguments (nanogpt.arguments checks them)
 
 
 def build_parser():
@@ -284,53 +218,6 @@ def build_parser():
     return p
 
 
-def check_args(args):
-    if not 1 <= args.num_proc <= 4 * CPUS:
-        raise UserError(f"--num_proc {args.num_proc}: use 1 to {4 * CPUS} (4x the {CPUS} cores)")
-    if args.max_shards < 0:
-        raise UserError("--max_shards must be 0 (all) or more")
-    if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
-        what = "a file" if args.output_dir else "empty"
-        raise UserError(f"--output_dir {args.output_dir!r} is {what}; name a folder")
-    # a flag that would change nothing is refused, not passed over
-    hub = ("dataset", "name", "split")
-    idle = [(k, "with --download, which fetches shards made elsewhere as they are") for k in (
-        "input", "val_tokens", "shard_size", "prefix", "text_field", "seed", *hub, "overwrite", "num_proc")
-        if args.download]
-    idle += [(k, "with --input, which tokenizes local files instead") for k in hub if args.input]
-    if args.val_tokens is None:
-        idle.append(("seed", "without --val_tokens, whose draw it picks"))
-    for key, why in idle:
-        if key in args.explicit:
-            raise UserError(f"--{key} does nothing {why}: leave it out")
-    if args.download == "" or (args.download is None and not args.input and not args.dataset):
-        flag = "--dataset" if args.download is None else "--download"
-        raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
-    if not args.text_field:
-        raise UserError("--text_field must not be empty")
-    files = {}  # (device, inode) of each --input: the index of the first given for it
-    for i, path in enumerate([] if args.download else args.input or []):
-        if not os.path.isfile(path):
-            what = ("is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path)
-                    else "is not a regular file (a pipe or a device); save it to a file first"
-                    if os.path.exists(path) else "does not exist")
-            raise UserError(f"--input {path!r} {what}")
-        if not path.lower().endswith(INPUT_TYPES):
-            raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
-        if path.lower().endswith(".parquet"):
-            open_parquet(path, args.text_field)
-        stat = os.stat(path)  # a link, or another spelling of the path, is the same file
-        if (first := files.setdefault((stat.st_dev, stat.st_ino), i)) != i:
-            raise UserError(f"--input {args.input[first]} and {path} are the same file: {REPEATED_INPUT}")
-    if args.prefix is None and args.input:
-        args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local"
-    elif args.prefix is None:
-        args.prefix = "edufineweb"
-    # list_shards tells the splits apart by "_val_" / "_train_" in the name: the prefix must not fake one
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.prefix) or re.search("_(val|train)_", args.prefix + "_"):
-        raise UserError(f"--prefix {args.prefix!r}: use letters, digits, '.', '-', '_' and no '_val'/'_train' part")
-
-
 # -----------------------------------------------------------------------------
 # The run: inputs -> tokenizer pool -> shard cutter -> manifest
 
@@ -339,7 +226,7 @@ def main(argv=None):
     if hasattr(sys.stdout, "reconfigure"):  # each progress line reaches a log file or a pipe when printed
         sys.stdout.reconfigure(line_buffering=True)
     args = build_parser().parse_marked(argv)
-    check_args(args)
+    check_fineweb_args(args)
     if args.download is not None:
         return download(args.download, args.output_dir, args.max_shards)
     out, old = args.output_dir, read_manifest(args.output_dir, args.overwrite)

@@ -7,14 +7,14 @@ The plumbing of train_gpt2.py and its sibling scripts, a module per concern (doc
     shards           the token shard format, the data folder's manifest checks  (no torch)
     text_inputs      fineweb.py's readers: local files, the hub stream           (no torch)
     shard_manifest   fineweb.py's manifest.json: what it records, resume checks  (no torch)
-    train_val_split  --val_tokens' rate and quota; the finished split's report   (no torch)
+    train_val_split  --val_tokens' rate, quota and draw (Router); the split's report (no torch)
     hub_shards       fineweb.py --download of ready-made shards                  (no torch)
     loss_head        the chunked linear + cross-entropy loss head
     hf               transformers GPT-2: importing its weights, exporting ours
     checkpoints      checkpoint files: find, save, load, prune, resume
     sharding         ZeRO-1 and FSDP2, and gathering their state into one checkpoint
     runtime          device, precision, torch.compile, signals, the ranks' agreement
-    arguments        checks of train_gpt2.py's arguments before any work
+    arguments        checks of train_gpt2.py's and fineweb.py's arguments before any work
     runlog           log.txt, the log folder's lock, TensorBoard/W&B, the step and summary lines
     run              the training loop's bookkeeping: logging, checkpoints and agreement at their cadence
 

@@ -1,14 +1,19 @@
 """
-Checks of train_gpt2.py's settings before any work is done, each refusal one line naming the flag and
-the fix: ranges, flags that would do nothing, the batch split, memory, the log folder, --init_from's shape,
-and what a --resume may change (and what a change of the learning-rate schedule does).
+Checks of the scripts' settings before any work is done, each refusal one line naming the flag and the
+fix. train_gpt2.py's: ranges, flags that would do nothing, the batch split, memory, the log folder,
+--init_from's shape, and what a --resume may change (and what a change of the learning-rate schedule does).
+fineweb.py's: its count arguments, its inputs, flags that would do nothing. Imports no torch.
 """
 
+import argparse
 import math
 import os
 import re
 
 from nanogpt.cli import UserError
+from nanogpt.files import CPUS
+from nanogpt.shard_manifest import REPEATED_INPUT
+from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 
 
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
@@ -253,3 +258,74 @@ def resumed_schedule(ckpt, args, master, get_lr):
         print(f"--resume: the learning-rate schedule changes: at step {step} the rate is {lr_now:.4e} "
               f"({lr_before:.4e} under the checkpoint's settings); {what}")
     return schedule
+
+
+# -----------------------------------------------------------------------------
+# fineweb.py
+
+
+def count_arg(text):
+    """1e8, 100000000 or 100_000_000: a whole number from 1 to 2**31-1."""
+    try:
+        if (value := float(text)).is_integer() and 1 <= value < 2**31:
+            return int(value)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 2**31-1")
+
+
+def val_tokens_arg(text):
+    """A fraction in (0, 1), or a count of tokens as count_arg takes it."""
+    try:
+        return value if 0 < (value := float(text)) < 1 else count_arg(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction between 0 and 1 "
+                                         "nor a whole number of tokens") from None
+
+
+def check_fineweb_args(args):
+    """Refuse fineweb.py's settings that cannot work, or flags that would do nothing, before any work."""
+    if not 1 <= args.num_proc <= 4 * CPUS:
+        raise UserError(f"--num_proc {args.num_proc}: use 1 to {4 * CPUS} (4x the {CPUS} cores)")
+    if args.max_shards < 0:
+        raise UserError("--max_shards must be 0 (all) or more")
+    if not args.output_dir or (os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir)):
+        what = "a file" if args.output_dir else "empty"
+        raise UserError(f"--output_dir {args.output_dir!r} is {what}; name a folder")
+    # a flag that would change nothing is refused, not passed over
+    hub = ("dataset", "name", "split")
+    idle = [(k, "with --download, which fetches shards made elsewhere as they are") for k in (
+        "input", "val_tokens", "shard_size", "prefix", "text_field", "seed", *hub, "overwrite", "num_proc")
+        if args.download]
+    idle += [(k, "with --input, which tokenizes local files instead") for k in hub if args.input]
+    if args.val_tokens is None:
+        idle.append(("seed", "without --val_tokens, whose draw it picks"))
+    for key, why in idle:
+        if key in args.explicit:
+            raise UserError(f"--{key} does nothing {why}: leave it out")
+    if args.download == "" or (args.download is None and not args.input and not args.dataset):
+        flag = "--dataset" if args.download is None else "--download"
+        raise UserError(f"{flag} is empty; name a Hugging Face dataset repo")
+    if not args.text_field:
+        raise UserError("--text_field must not be empty")
+    files = {}  # (device, inode) of each --input: the index of the first given for it
+    for i, path in enumerate([] if args.download else args.input or []):
+        if not os.path.isfile(path):
+            what = ("is a directory; pass its files (DIR/*.txt)" if os.path.isdir(path)
+                    else "is not a regular file (a pipe or a device); save it to a file first"
+                    if os.path.exists(path) else "does not exist")
+            raise UserError(f"--input {path!r} {what}")
+        if not path.lower().endswith(INPUT_TYPES):
+            raise UserError(f"--input {path}: unknown file type; use {', '.join(INPUT_TYPES)}")
+        if path.lower().endswith(".parquet"):
+            open_parquet(path, args.text_field)
+        stat = os.stat(path)  # a link, or another spelling of the path, is the same file
+        if (first := files.setdefault((stat.st_dev, stat.st_ino), i)) != i:
+            raise UserError(f"--input {args.input[first]} and {path} are the same file: {REPEATED_INPUT}")
+    if args.prefix is None and args.input:
+        args.prefix = re.sub(r"[^a-z0-9]", "", os.path.splitext(os.path.basename(args.input[0]))[0].lower()) or "local"
+    elif args.prefix is None:
+        args.prefix = "edufineweb"
+    # list_shards tells the splits apart by "_val_" / "_train_" in the name: the prefix must not fake one
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.prefix) or re.search("_(val|train)_", args.prefix + "_"):
+        raise UserError(f"--prefix {args.prefix!r}: use letters, digits, '.', '-', '_' and no '_val'/'_train' part")

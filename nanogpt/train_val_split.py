@@ -1,19 +1,24 @@
 """
 How fineweb.py's tokens split into validation and train: the rate and quota at which --val_tokens draws
-units, and what a finished run's split means for train_gpt2.py (whether its shards hold a batch). Imports no torch.
+units, the Router that sends each unit to its split, and what a finished run's split means for
+train_gpt2.py (whether its shards hold a batch). Imports no torch.
 """
 
 import math
 
+import numpy as np
+
 from nanogpt.cli import UserError
 from nanogpt.shard_manifest import split_of
 from nanogpt.text_inputs import KNOWN_TOKENS, hub_name, text_bytes
+from nanogpt.tokenizer import EOT_TOKEN
 
 # of English text in GPT-2 tokens (data/austen.txt: 4.05): a local input's size in tokens, estimated
 BYTES_PER_TOKEN = 4
 # batch_size x seq_len of train_gpt2.py at its defaults and with --model tiny (its RUN_PRESETS; a test holds these to
 # the trainer's): one batch is that + 1 tokens (the last target), and the trainer reads no shard smaller than a batch
 DEFAULT_BATCH, TINY_BATCH = (64, 1024), (8, 256)
+EOT = np.array([EOT_TOKEN], np.uint16)  # put before a unit's tokens: made once, not per document
 
 
 def val_split(args):
@@ -63,3 +68,48 @@ def batch_fit(tokens):
                         f"batch; --model tiny's batch {tiny} fits")
     return "warning", (f"less than one batch of train_gpt2.py {default} or with --model tiny {tiny}, which reads no "
                        "shard smaller than its batch; a smaller --batch_size x --seq_len fits")
+
+
+def draw(seed, unit):
+    """A number in [0, 1) fixed by (seed, unit): splitmix64's output for the unit-th step from the seed."""
+    z = (unit * 0x9E3779B97F4A7C15 + seed) % 2**64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return ((z ^ (z >> 31)) >> 11) / 2**53
+
+
+class Router:
+    """Sends each unit's tokens to its split's cutter. Without --val_tokens (val None) there is one, split None.
+    With it (val: rate, quota), a unit is val if draw(seed, unit) < rate and the val units before it hold
+    fewer than `quota` tokens, else train. Each unit's tokens start with <|endoftext|>, but a .txt unit that
+    follows its text's previous unit in the same split goes on without one. A resumed run with --val_tokens
+    reads the input from the start: the units before each cutter's first are in shards already (and so not
+    tokenized: keep)."""
+
+    def __init__(self, cutters, seed, val):
+        self.cutters, self.seed, (self.rate, self.quota) = cutters, seed, val or (None, None)
+        self.first = {split: c.unit for split, c in cutters.items()}
+        self.val_tokens = cutters["val"].pos if val else 0  # tokens of the val units before the next one
+        self.split, self.unit = None, -1  # the last unit's split and number
+
+    def drawn_split(self, unit):
+        """The unit's split while the val quota is not met."""
+        return None if self.rate is None else "val" if draw(self.seed, unit) < self.rate else "train"
+
+    def keep(self, unit):
+        """Whether the unit may still be needed (else it is in shards, and its split is the one drawn)."""
+        return unit >= self.first[self.drawn_split(unit)]
+
+    def add(self, tag, tokens):
+        """The tokens of a piece tagged (unit, new_doc, first)."""
+        unit, new_doc, first = tag
+        if first:
+            before = self.split if self.unit == unit - 1 else self.drawn_split(unit - 1)
+            drawn = self.drawn_split(unit)
+            self.split = "train" if drawn == "val" and self.val_tokens >= self.quota else drawn
+            if new_doc or self.split != before:
+                tokens = np.concatenate([EOT, tokens])
+            self.unit = unit
+        self.val_tokens += len(tokens) * (self.split == "val")
+        if unit >= self.first[self.split]:
+            self.cutters[self.split].add(unit, tokens)
