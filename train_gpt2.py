@@ -36,7 +36,7 @@ from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context,
                              pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, laptop_data_dir, list_shards, read_shard, shard_shipped_text,
                             verify_shards)
-from nanogpt.sharding import clip_grad_norm, scale_mode, shard_model, sync_gradients, zero_redundancy
+from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -716,7 +716,7 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
-    config = run_config(args, ckpt)
+    config = model_config(args, ckpt)
     with torch.device("meta"):  # the parameters counted without allocating them
         n_params = GPT(config).num_params()
     arguments.check_memory(config, n_params, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
@@ -735,7 +735,7 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
         raw_model = GPT(config)
     raw_model.loss_impl, raw_model.recompute = args.loss_impl, args.recompute
     raw_model.to(device)
-    zero, fsdp = scale_mode(args.zero == 1, args.fsdp, ddp, dtype, run.say)
+    zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
@@ -753,7 +753,7 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
-    score_hellaswag = hellaswag_for_run(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
+    score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
     flops_per_token = raw_model.flops_per_token(args.seq_len)  # --init_from's context may be longer
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     peak = peak and peak * world_size  # tokens/s counts the tokens of every rank: so does the peak, for MFU
@@ -764,7 +764,7 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
             tokens_seen)
 
 
-def run_config(args, ckpt):
+def model_config(args, ckpt):
     """The shape of this run's model: the checkpoint's when resuming, the weights' with --init_from
     (read before loading them; shape flags that ask for another are refused), else the preset's with
     the overrides."""
@@ -819,7 +819,7 @@ def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
     return all_reduce_mean(total, ddp, world_size).item()
 
 
-def hellaswag_for_run(args, rank, world_size, device, fsdp):
+def hellaswag_scorer(args, rank, world_size, device, fsdp):
     """The in-loop HellaSwag: a function scoring a model on this rank's share of the examples (under
     --fsdp every rank scores every example: each forward needs all ranks); None when there are none."""
     examples = hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,

@@ -13,7 +13,7 @@ steps. Each process reads VmHWM, the kernel's high-water mark of its resident me
 borders of these phases, and resets it at each (`5` into /proc/self/clear_refs):
 
     train   from the start to the first save (the model, the steps, the optimizer state)
-    gather  full_state_dicts gathering the state on rank 0 (every rank takes part)
+    gather  gathered_state_dicts gathering the state on rank 0 (every rank takes part)
     after   from there to the next save or the end: rank 0 writes the file (the others wait),
             then any further steps
 
@@ -44,13 +44,13 @@ def reset_peak():
 
 
 def worker(argv):
-    """One torchrun process: train_gpt2's run, with the peaks taken around full_state_dicts."""
+    """One torchrun process: train_gpt2's run, with the peaks taken around gathered_state_dicts."""
     sys.path.insert(0, ROOT)
     import common
     import train_gpt2
 
     peaks = []  # (phase, kB), in order
-    gather, summary = train_gpt2.full_state_dicts, train_gpt2.run_summary
+    gather, summary = train_gpt2.gathered_state_dicts, train_gpt2.run_summary
 
     def measured_gather(*args, **kwargs):
         peaks.append(("after" if peaks else "train", peak_rss_kb()))
@@ -66,7 +66,7 @@ def worker(argv):
               file=sys.stderr, flush=True)
         return summary(*args, **kwargs)
 
-    train_gpt2.full_state_dicts, train_gpt2.run_summary = measured_gather, measured_summary
+    train_gpt2.gathered_state_dicts, train_gpt2.run_summary = measured_gather, measured_summary
     common.run_cli(lambda: train_gpt2.main(argv))
 
 

@@ -138,7 +138,7 @@ def available_memory_bytes():
 def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.) config is run_config's, --init_from's shape included;
+    is an error the loop turns into one line.) config is model_config's, --init_from's shape included;
     n_params its model's parameters."""
     have = available_memory_bytes()
     if have is None:

@@ -19,7 +19,7 @@ from nanogpt.checkpoints import (checkpoint_path, find_checkpoints, prune_checkp
 from nanogpt.cli import UserError
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
 from nanogpt.runtime import (RankZeroWork, StopFlag, console, is_out_of_memory, peer_gone, peer_gone_error)
-from nanogpt.sharding import full_state_dicts, optimizer_state_line
+from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
 class Run:
@@ -107,9 +107,9 @@ class Run:
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak))
         self.bad_steps = 0 if finite else self.bad_steps + 1
-        self.check_health(step, finite and not weights_finite(self.model))
+        self.stop_if_broken(step, finite and not weights_finite(self.model))
 
-    def check_health(self, step, weights_broken):
+    def stop_if_broken(self, step, weights_broken):
         """Stop, naming the last good checkpoint, when an update broke the weights or too many steps in a row
         were skipped as non-finite."""
         if not weights_broken and self.bad_steps < self.args.max_bad_steps:
@@ -132,9 +132,9 @@ class Run:
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             # under --zero 1 / --fsdp every rank takes part in gathering the state
-            states = full_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
-            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, states)
-            del states  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
+            gathered = gathered_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
+            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
+            del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
             if self.ddp:
                 self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
         if stop_now:
@@ -142,10 +142,10 @@ class Run:
                      f"`--resume` continues from {checkpoint_path(self.args.log_dir, step)}")
         return stop_now
 
-    def save(self, step, loader_state, tokens_seen, states=None):
-        """Rank 0: the checkpoint of the state after `step` (states: full_state_dicts' model and optimizer
+    def save(self, step, loader_state, tokens_seen, gathered=None):
+        """Rank 0: the checkpoint of the state after `step` (gathered: gathered_state_dicts' model and optimizer
         state under --zero 1 / --fsdp), then --keep_checkpoints' pruning. Returns its path."""
-        model_state, optimizer_state = states if states is not None else (self.model.state_dict(),
+        model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
         schedule = self.schedule if self.schedule != NEW_SCHEDULE else None

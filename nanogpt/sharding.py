@@ -9,7 +9,7 @@ import torch
 from nanogpt.cli import UserError
 
 
-def scale_mode(zero, fsdp, ddp, dtype, say):
+def choose_sharding(zero, fsdp, ddp, dtype, say):
     """(zero, fsdp) for this run, of --zero 1 and --fsdp. Both shard across torchrun's processes; one process
     without torchrun has nothing to shard, so it trains unsharded (the checkpoints are the same either way)."""
     if (zero or fsdp) and not ddp:
@@ -69,7 +69,7 @@ def clip_grad_norm(model, max_norm):
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-def full_state_dicts(raw_model, optimizer, zero, fsdp, master):
+def gathered_state_dicts(raw_model, optimizer, zero, fsdp, master):
     """(model state, optimizer state) in the plain layout on rank 0, (None, None) on the others.
     Under --zero 1 and --fsdp it gathers the shards, so every rank must call it."""
     if fsdp:

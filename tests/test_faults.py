@@ -303,7 +303,7 @@ def test_a_run_that_cannot_fit_in_memory_says_so_first(shards, tmp_path, monkeyp
 
 def test_the_tiny_preset_fits_a_laptop_and_flags_still_win():
     args = train_gpt2.parse_args(["--model", "tiny"])
-    config = train_gpt2.run_config(args, None)
+    config = train_gpt2.model_config(args, None)
     with torch.device("meta"):
         n_params = train_gpt2.GPT(config).num_params()
     assert estimated_bytes(config, n_params, args.batch_size, args.seq_len, "fp32") < 2 * 2**30

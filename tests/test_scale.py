@@ -168,7 +168,7 @@ def test_recompute_is_the_same_run(runs):
 
 
 def test_zero1_checkpoint_state_is_what_consolidate_state_dict_gives(tmp_path):
-    """The AdamW state a --zero 1 checkpoint stores (nanogpt.sharding.full_state_dicts: each rank's share
+    """The AdamW state a --zero 1 checkpoint stores (nanogpt.sharding.gathered_state_dicts: each rank's share
     sent tensor by tensor) is ZeroRedundancyOptimizer's own consolidate_state_dict(to=0) + state_dict()
     of the same optimizer, entry for entry and bit for bit. 3 processes, so that rank 0 receives
     shares from two ranks; the comparison is shown to see a share left out, and two ranks' tensors

@@ -5,7 +5,7 @@ both ways from one ZeroRedundancyOptimizer.
 
 Every rank builds the same small GPT (a 64-token vocabulary, so that no tensor dominates and every
 rank owns several of them), takes two AdamW steps with the same random gradients, then calls
-full_state_dicts (what a checkpoint saves) and ZeroRedundancyOptimizer's own
+gathered_state_dicts (what a checkpoint saves) and ZeroRedundancyOptimizer's own
 consolidate_state_dict(to=0) + state_dict(). Rank 0 writes both to OUT.pt, with the rank that owns
 each parameter index.
 """
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train_gpt2  # noqa: E402
 from nanogpt.cli import run_cli
-from nanogpt.sharding import full_state_dicts, zero_redundancy  # noqa: E402
+from nanogpt.sharding import gathered_state_dicts, zero_redundancy  # noqa: E402
 
 
 def main():
@@ -35,7 +35,7 @@ def main():
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=g)
         optimizer.step()
-    _, streamed = full_state_dicts(model, optimizer, zero=True, fsdp=False, master=rank == 0)
+    _, streamed = gathered_state_dicts(model, optimizer, zero=True, fsdp=False, master=rank == 0)
     optimizer.consolidate_state_dict(to=0)
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     owned = [index[id(p)] for p in optimizer.optim.state]
