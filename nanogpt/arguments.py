@@ -22,8 +22,12 @@ FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": 
                  "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
-# what a resumed run cannot change: the model's shape, the batch, and the data order (--seed draws each epoch's shuffle)
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
+# the model's architecture beyond its shape (GPTConfig's fields of the same names)
+ARCH_ARGS = ("arch", "n_kv_head", "qk_norm", "rope_theta", "tie_embeddings")
+# what a resumed run cannot change: the model's shape and architecture, its optimizer, the batch, and the data order
+# (--seed draws each epoch's shuffle)
+SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", *ARCH_ARGS, "recipe", "optimizer", "init_from", "seq_len",
+              "total_batch_size", "no_shuffle", "seed")
 
 
 def check_args(args, run_presets):
@@ -31,7 +35,7 @@ def check_args(args, run_presets):
     counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
               "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0,
               "max_bad_steps": 1}
-    for name in ("n_layer", "n_head", "n_embd", "hellaswag_limit"):
+    for name in ("n_layer", "n_head", "n_embd", "n_kv_head", "hellaswag_limit"):
         if getattr(args, name) is not None:
             counts[name] = 1
     for name, low in counts.items():
@@ -39,7 +43,8 @@ def check_args(args, run_presets):
             raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
     if not 0 <= args.seed < 2**63:
         raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
-    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "weight_decay": (0, True), "grad_clip": (0, True)}
+    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "weight_decay": (0, True), "grad_clip": (0, True),
+              "muon_lr": (0, False)}
     if args.peak_tflops is not None:
         floats["peak_tflops"] = (0, False)
     for name, (low, low_ok) in floats.items():
@@ -48,7 +53,7 @@ def check_args(args, run_presets):
             raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
     if args.min_lr_frac > 1:
         raise UserError(f"--min_lr_frac {args.min_lr_frac}: must be from 0 to 1")
-    for name in ("max_lr", "weight_decay"):  # beyond this, AdamW's fp32 arithmetic overflows mid-run
+    for name in ("max_lr", "weight_decay", "muon_lr"):  # beyond this, the fp32 arithmetic overflows mid-run
         if getattr(args, name) > LARGEST_RATE:
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} "
                             "(AdamW's usual range is ~1e-3)")
@@ -66,6 +71,12 @@ def check_args(args, run_presets):
             by = f" (--model {args.model} turns it off)" if preset else ""
             raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
                             f"give --{switch} {value} too, or drop --{name}")
+    if args.optimizer == "muon" and (args.zero or args.fsdp):
+        raise UserError(f"--optimizer muon trains with DDP only, not {'--fsdp' if args.fsdp else '--zero 1'}: Muon "
+                        "orthogonalises each whole weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer "
+                        "class; drop the flag, or use --optimizer adamw")
+    if "muon_lr" in args.explicit and args.optimizer != "muon":
+        raise UserError(f"--muon_lr does nothing with --optimizer {args.optimizer}; add --optimizer muon, or drop it")
     if args.zero and args.fsdp:
         raise UserError("--zero 1 and --fsdp do not combine (FSDP already shards the optimizer state); pick one "
                         "(when resuming, --zero 0 or --no_fsdp turns off the checkpoint's setting)")
@@ -168,16 +179,42 @@ def check_log_dir(log_dir):
         raise UserError(f"cannot create --log_dir {log_dir} ({parent} {what}); pick another folder")
 
 
+def model_settings(config):
+    """The settings of the flags --n_layer ... --tie_embeddings that a model config (GPTConfig) has."""
+    settings = {name: getattr(config, name) for name in ("n_layer", "n_head", "n_embd", *ARCH_ARGS)}
+    settings["n_kv_head"] = config.n_kv_head or config.n_head
+    return settings
+
+
 def check_init_from_shape(args, config):
-    """--init_from brings its shape (a --model preset brings only its run settings then): refuse
-    --n_layer/--n_head/--n_embd given on the command line that ask for another (the same shape, e.g.
-    repeated by a script, is fine)."""
-    flags = [f"--{name} {getattr(args, name)}" for name in ("n_layer", "n_head", "n_embd")
-             if name in args.explicit and getattr(args, name) != getattr(config, name)]
+    """--init_from brings its shape and architecture (a --model preset brings only its run settings then):
+    refuse --n_layer/--n_head/--n_embd/--arch/... given on the command line that ask for another (the same,
+    e.g. repeated by a script, is fine)."""
+    have = model_settings(config)
+    flags = [f"--{name} {getattr(args, name)}" for name in have
+             if name in args.explicit and getattr(args, name) != have[name]]
     if flags:
-        have = ", ".join(f"{name} {getattr(config, name)}" for name in ("n_layer", "n_head", "n_embd"))
-        raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have {have}; "
-                        "drop the shape flags (the weights bring their shape)")
+        shown = [name for name in have if name in ("n_layer", "n_head", "n_embd", "arch") or name in args.explicit]
+        raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have "
+                        f"{', '.join(f'{name} {have[name]}' for name in shown)}; drop the flags (the weights bring "
+                        "their shape)")
+
+
+def check_architecture(args, n_head):
+    """A new model's architecture flags (docs/recipes.md): the options of llama refused with --arch gpt2 (GPT-2's
+    architecture has none of them, and its transformers export could not hold them), and a --n_kv_head that
+    does not divide n_head."""
+    if args.arch == "gpt2":
+        given = [flag for flag in ("n_kv_head", "qk_norm", "rope_theta", "tie_embeddings") if flag in args.explicit]
+        if given:
+            spelt = args.given_as.get(given[0], f"--{given[0]}")
+            raise UserError(f"{spelt} is an option of --arch llama; GPT-2's architecture (the default) has learned "
+                            "positions, all heads for keys and values and a tied head: add --arch llama, or drop it")
+    elif args.n_kv_head is not None and not (0 < args.n_kv_head <= n_head and n_head % args.n_kv_head == 0):
+        raise UserError(f"--n_kv_head {args.n_kv_head} does not divide --n_head {n_head}: each key/value head serves "
+                        "the same number of query heads; pick a divisor")
+    if args.rope_theta <= 0 or not math.isfinite(args.rope_theta):
+        raise UserError(f"--rope_theta {args.rope_theta}: must be a finite number > 0")
 
 
 def check_resume_args(args, saved_args, master, saved_config, model_presets):
@@ -189,9 +226,14 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets):
     if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
         saved_args = {**saved_args, "no_shuffle": True}
         args.no_shuffle = True
+    # a checkpoint from before the options beyond GPT-2: GPT-2's architecture, AdamW
+    saved_args = {"recipe": "gpt2", "optimizer": "adamw", **saved_args}
     if isinstance(saved_config, dict):
         shape = {k: saved_config[k] for k in ("n_layer", "n_head", "n_embd") if k in saved_config}
-        saved_args = {**saved_args, **shape}
+        arch = {"arch": "gpt2", "qk_norm": False, "rope_theta": 10000.0, "tie_embeddings": True, **{
+            k: saved_config[k] for k in ARCH_ARGS if k in saved_config}}
+        arch["n_kv_head"] = saved_config.get("n_kv_head") or saved_config.get("n_head")
+        saved_args = {**saved_args, **arch, **shape}
         if "model" in args.explicit and saved_args.get("init_from", "scratch") == "scratch":
             # a preset is its shape (with the shape flags given beside it), whatever the run's --model said
             asked = {**model_presets[args.model], **{k: getattr(args, k) for k in shape if k in args.explicit}}

@@ -7,6 +7,7 @@ resumes, and pruning. Every checkpoint keeps one layout, whatever wrote it, so e
 import os
 import re
 import sys
+from dataclasses import asdict
 
 import torch
 
@@ -83,12 +84,26 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
-def checkpoint_config(ckpt, path, fields):
-    """The checkpoint's model config (a dict of GPTConfig's `fields`), checked to describe a GPT-2 shape this
-    program can build: a UserError naming the file if not."""
+GPT2_SHAPE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")  # a GPT-2's config: all its checkpoint holds
+
+
+def stored_config(config):
+    """The model config a checkpoint stores: a GPT-2's five fields (as it always was), every field for another
+    architecture (GPTConfig.arch)."""
+    return {k: v for k, v in asdict(config).items() if config.arch != "gpt2" or k in GPT2_SHAPE}
+
+
+def checkpoint_config(ckpt, path, defaults):
+    """The checkpoint's model config, checked to describe a model this program can build: a dict of
+    GPTConfig's fields (`defaults`: each field's default, which also gives its type), GPT-2's five always
+    there, the others where the model is not a GPT-2. A UserError naming the file if not."""
     config = ckpt["config"]
-    if not (isinstance(config, dict) and set(config) == set(fields)
-            and all(type(v) is int and v > 0 for v in config.values()) and config["n_embd"] % config["n_head"] == 0):
+    shape = GPT2_SHAPE
+    if not (isinstance(config, dict) and set(shape) <= set(config) <= set(defaults)
+            and all(type(config[k]) is int and config[k] > 0 for k in shape) and config["n_embd"] % config["n_head"] == 0
+            and all(type(v) is type(defaults[k]) or (type(defaults[k]) is float and type(v) is int)
+                    for k, v in config.items())
+            and config.get("arch", "gpt2") in ("gpt2", "llama") and config["n_head"] % (config.get("n_kv_head") or 1) == 0):
         raise UserError(f"{path}: its config {str(config)[:120]} is not a GPT shape this program can build")
     if config["vocab_size"] < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
         raise UserError(f"{path}: vocab_size {config['vocab_size']} is smaller than the GPT-2 tokenizer's "
@@ -110,7 +125,7 @@ def training_checkpoint(model_state, optimizer_state, config, step, tokens, load
             "loader": loader_state,
             "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
             "scaler": scaler.state_dict() if scaler.is_enabled() else {},
-            "args": {k: v for k, v in vars(args).items() if k != "explicit"}}
+            "args": {k: v for k, v in vars(args).items() if k not in ("explicit", "given_as")}}
 
 
 def restore_training_state(ckpt, optimizer, scaler, train_loader, device_type, total_batch_size, fsdp_model=None):

@@ -1,7 +1,8 @@
 """
-transformers' GPT-2: reading its weights into our GPT (from the Hugging Face hub or a local folder,
-refused in one line when our GPT would compute something else with them) and writing ours as a
-GPT2LMHeadModel folder (generate_tokens.py --export_hf). transformers is imported only when used.
+transformers' GPT-2, Llama and Qwen3: reading their weights into our GPT (GPT-2 from the Hugging Face hub
+or a local folder, the others from a local folder; refused in one line when our GPT would compute
+something else with them) and writing ours as such a folder (generate_tokens.py --export_hf).
+transformers is imported only when used.
 """
 
 import math
@@ -72,8 +73,9 @@ def reachable(url, timeout=3.0):
         return False
 
 
-def local_gpt2_shape(folder):
-    """The shape of the GPT-2 in a local transformers folder, from its config.json alone (cheap, offline)."""
+def local_shape(folder):
+    """The shape (GPTConfig's fields) of the model in a local transformers folder, from its config.json
+    alone (cheap, offline): a GPT-2, or a Llama or Qwen3 (our arch "llama")."""
     from transformers import AutoConfig
 
     try:
@@ -81,8 +83,8 @@ def local_gpt2_shape(folder):
             hf = AutoConfig.from_pretrained(folder)
     except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
         raise UserError(f"--init_from {folder}: cannot read its config.json ({brief(e)}); "
-                        "give a GPT-2 directory saved by save_pretrained") from None
-    return gpt2_shape(hf, folder)
+                        "give a GPT-2, Llama or Qwen3 directory saved by save_pretrained") from None
+    return llama_shape(hf, folder) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
 
 
 def gpt2_shape(hf, source):
@@ -90,8 +92,8 @@ def gpt2_shape(hf, source):
     transformers' model computes something our GPT does not (so its weights would give other logits)."""
     get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
     if get("model_type") != "gpt2":
-        raise UserError(f"--init_from {source}: it holds a {get('model_type')!r} model, not GPT-2; "
-                        f"give a GPT-2 (model_type gpt2) directory or a hub name ({', '.join(HF_GPT2_MODELS)})")
+        raise UserError(f"--init_from {source}: it holds a {get('model_type')!r} model, not GPT-2, Llama or Qwen3; "
+                        f"give such a directory or a hub name ({', '.join(HF_GPT2_MODELS)})")
     n_embd, n_head = get("n_embd"), get("n_head")
     problems = []
     if get("vocab_size") < GPT2_VOCAB_SIZE:
@@ -120,28 +122,35 @@ def gpt2_shape(hf, source):
                 n_embd=n_embd)
 
 
-def gpt2_state_dict(name_or_dir):
-    """The weights of a transformers GPT-2 (hub name or local folder) in our GPT's layout."""
-    from transformers import GPT2LMHeadModel
+def hf_state_dict(name_or_dir, arch="gpt2"):
+    """The weights of a transformers model (a GPT-2: hub name or local folder; a Llama or Qwen3: local
+    folder) in our GPT's layout."""
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
+    model_class = GPT2LMHeadModel if arch == "gpt2" else AutoModelForCausalLM
     try:
         with quiet_transformers():
             if os.path.isdir(name_or_dir):
-                hf_model, info = GPT2LMHeadModel.from_pretrained(name_or_dir, output_loading_info=True)
+                hf_model, info = model_class.from_pretrained(name_or_dir, output_loading_info=True)
             else:
-                hf_model, info = hub_gpt2(GPT2LMHeadModel, name_or_dir, output_loading_info=True)
+                hf_model, info = hub_gpt2(model_class, name_or_dir, output_loading_info=True)
     except UserError:
         raise
     except Exception as e:  # missing or broken weight files, weights of another shape than config.json's
         raise UserError(
-            f"cannot load GPT-2 weights from {name_or_dir!r} ({brief(e)}); "
+            f"cannot load the weights of {name_or_dir!r} ({brief(e)}); "
             "a hub name needs network access once, or give a local directory saved by save_pretrained"
         ) from None
     missing = sorted(k for k in info["missing_keys"] if not is_mask_buffer(k))
     if missing:  # transformers would fill them with random numbers
-        raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of a GPT-2 "
-                        f"(e.g. {missing[0]}); give a directory saved by save_pretrained of a GPT2LMHeadModel")
-    return hf_to_our_state_dict(hf_model.state_dict())
+        raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of its model "
+                        f"(e.g. {missing[0]}); give a directory saved by save_pretrained")
+    if arch == "gpt2":
+        return hf_to_our_state_dict(hf_model.state_dict())
+    theirs = hf_model.state_dict()
+    ours = {mine: theirs[name] for mine, name in llama_names(hf_model.config).items()}
+    ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])  # tied: one tensor under both names
+    return ours
 
 
 # transformers' GPT-2 stores these as Conv1D, i.e. (in, out): transpose to nn.Linear's (out, in).
@@ -158,7 +167,8 @@ def hf_to_our_state_dict(hf_sd):
 
 
 def export_hf(model, out_dir, also=None):
-    """Write model as a transformers GPT2LMHeadModel directory (config.json + model.safetensors).
+    """Write model as a transformers directory (config.json + model.safetensors): a GPT2LMHeadModel, or for
+    our llama a LlamaForCausalLM (Qwen3ForCausalLM with QK-norm).
     The padded vocabulary rows are dropped: the tokenizer never produces them. also(folder), if given,
     adds files to the export before it takes out_dir's name; its result is returned."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -166,16 +176,17 @@ def export_hf(model, out_dir, also=None):
     check_export_dir(out_dir)
     cfg = model.config
     vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
-    hf_config = GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-                           n_head=cfg.n_head, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                           attn_pdrop=0.0, tie_word_embeddings=True)
-    hf_model = GPT2LMHeadModel(hf_config)
-    sd = {}
-    for k, v in model.state_dict().items():
-        v = v.detach().float().cpu()
-        if k in ("transformer.wte.weight", "lm_head.weight"):
-            v = v[:vocab]
-        sd[k] = v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v
+    ours = {k: v.detach().float().cpu()[:vocab] if k in ("transformer.wte.weight", "lm_head.weight")
+            else v.detach().float().cpu() for k, v in model.state_dict().items()}
+    if cfg.arch == "gpt2":
+        hf_model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd,
+                                              n_layer=cfg.n_layer, n_head=cfg.n_head, activation_function="gelu_new",
+                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True))
+        sd = {k: v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v for k, v in ours.items()}
+    else:
+        hf_model = llama_hf_model(cfg, vocab)
+        sd = {theirs: ours[mine] for mine, theirs in llama_names(cfg).items()}
+        sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # tied: transformers ties on load
     missing, unexpected = hf_model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not is_mask_buffer(k)]
     if missing or unexpected:
@@ -214,3 +225,88 @@ def check_export_dir(out_dir):
     parent = os.path.dirname(os.path.abspath(out_dir))
     if not os.path.isdir(parent):
         raise UserError(f"--export_hf {out_dir}: the folder {parent} does not exist; create it or give another path")
+
+
+# -----------------------------------------------------------------------------
+# Llama and Qwen3: our arch "llama" (Qwen3 when it has QK-norm)
+
+LLAMA_TYPES = ("llama", "qwen3")
+RMS_EPS = 1e-6  # the RMSNorm epsilon of our llama (train_gpt2.RMS_EPS)
+# our per-block names -> transformers' (under model.layers.<i>.)
+LLAMA_BLOCK_NAMES = {"ln_1.weight": "input_layernorm.weight", "attn.c_q.weight": "self_attn.q_proj.weight",
+                     "attn.c_k.weight": "self_attn.k_proj.weight", "attn.c_v.weight": "self_attn.v_proj.weight",
+                     "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.q_norm.weight": "self_attn.q_norm.weight",
+                     "attn.k_norm.weight": "self_attn.k_norm.weight", "ln_2.weight": "post_attention_layernorm.weight",
+                     "mlp.c_gate.weight": "mlp.gate_proj.weight", "mlp.c_fc.weight": "mlp.up_proj.weight",
+                     "mlp.c_proj.weight": "mlp.down_proj.weight"}
+
+
+def rope_of(hf):
+    """(theta, type) of a transformers config's rotary embedding (transformers 5: rope_parameters; 4: rope_theta
+    and rope_scaling)."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    scaling = getattr(hf, "rope_scaling", None) or {}
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    return float(theta), params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def llama_shape(hf, source):
+    """The shape (GPTConfig's fields) of a transformers Llama or Qwen3 config, or a one-line refusal naming
+    every setting with which it computes something our llama does not."""
+    get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
+    heads, width, kv_heads = get("num_attention_heads"), get("hidden_size"), get("num_key_value_heads")
+    theta, rope_type = rope_of(hf)
+    problems = []
+    if not GPT2_VOCAB_SIZE <= get("vocab_size") <= 50304:
+        problems.append(f"vocab_size {get('vocab_size')} (not the GPT-2 tokenizer's {GPT2_VOCAB_SIZE} token ids, "
+                        "which this program's data and scripts use)")
+    if get("hidden_act") != "silu":
+        problems.append(f"hidden_act {get('hidden_act')} (ours: silu)")
+    if get("attention_bias", False) or get("mlp_bias", False):
+        problems.append("biases (ours has none)")
+    if width % heads or get("head_dim", width // heads) != width // heads:
+        problems.append(f"head_dim {get('head_dim')} (ours: hidden_size / num_attention_heads)")
+    if kv_heads is None or heads % kv_heads:
+        problems.append(f"num_key_value_heads {kv_heads} (must divide num_attention_heads {heads})")
+    if rope_type != "default":
+        problems.append(f"rope_type {rope_type} (ours: default)")
+    if not math.isclose(get("rms_norm_eps", RMS_EPS), RMS_EPS):
+        problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {RMS_EPS})")
+    if get("use_sliding_window", False):
+        problems.append("use_sliding_window true")
+    if problems:
+        raise UserError(f"--init_from {source}: a {get('model_type')} this program's llama cannot compute: "
+                        f"{'; '.join(problems)}; give one exported by generate_tokens.py --export_hf")
+    return dict(block_size=get("max_position_embeddings"), vocab_size=get("vocab_size"), n_layer=get("num_hidden_layers"),
+                n_head=heads, n_embd=width, arch="llama", n_kv_head=kv_heads, qk_norm=get("model_type") == "qwen3",
+                rope_theta=theta, mlp_hidden=get("intermediate_size"), tie_embeddings=bool(get("tie_word_embeddings")))
+
+
+def llama_names(config):
+    """{our name: transformers' name} of every weight of a llama (config: ours or transformers')."""
+    n_layer = getattr(config, "n_layer", None) or config.num_hidden_layers
+    qk_norm = getattr(config, "qk_norm", None)
+    qk_norm = config.model_type == "qwen3" if qk_norm is None else qk_norm
+    tied = getattr(config, "tie_embeddings", None)
+    tied = config.tie_word_embeddings if tied is None else tied
+    names = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
+    for i in range(n_layer):
+        names.update({f"transformer.h.{i}.{ours}": f"model.layers.{i}.{theirs}"
+                      for ours, theirs in LLAMA_BLOCK_NAMES.items() if qk_norm or "_norm." not in ours})
+    if not tied:
+        names["lm_head.weight"] = "lm_head.weight"
+    return names
+
+
+def llama_hf_model(cfg, vocab):
+    """An empty transformers LlamaForCausalLM (Qwen3ForCausalLM with QK-norm) of our llama's config."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=vocab, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_hidden, num_hidden_layers=cfg.n_layer,
+                  num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head, head_dim=cfg.n_embd // cfg.n_head,
+                  max_position_embeddings=cfg.block_size, rms_norm_eps=RMS_EPS, rope_theta=cfg.rope_theta,
+                  hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
+                  bos_token_id=GPT2_VOCAB_SIZE - 1, eos_token_id=GPT2_VOCAB_SIZE - 1)
+    if cfg.qk_norm:
+        return Qwen3ForCausalLM(Qwen3Config(**common, use_sliding_window=False))
+    return LlamaForCausalLM(LlamaConfig(**common, mlp_bias=False))

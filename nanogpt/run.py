@@ -9,12 +9,11 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
 
 import torch
 
 from nanogpt.arguments import NEW_SCHEDULE, check_schedule
-from nanogpt.checkpoints import (checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint,
+from nanogpt.checkpoints import (checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, stored_config,
                                  training_checkpoint)
 from nanogpt.cli import UserError
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
@@ -149,7 +148,7 @@ class Run:
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
         schedule = self.schedule if self.schedule != NEW_SCHEDULE else None
-        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, asdict(self.model.config), step,
+        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, stored_config(self.model.config), step,
                                                   tokens_seen, loader_state, self.scaler, self.args, self.device_type,
                                                   schedule))
         if self.args.keep_checkpoints:

@@ -194,7 +194,7 @@ class RunLog:
                 args.wandb_id = os.urandom(6).hex()  # W&B's id alphabet; saved with the arguments in every checkpoint
             try:
                 self.wandb = wandb.init(project=args.wandb, id=args.wandb_id, resume="allow",
-                                        config={k: v for k, v in vars(args).items() if k != "explicit"})
+                                        config={k: v for k, v in vars(args).items() if k not in ("explicit", "given_as")})
             except Exception as e:
                 raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
                                 "or set WANDB_MODE=offline to log on this machine only") from None

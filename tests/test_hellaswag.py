@@ -69,9 +69,9 @@ def reference_losses(hf_dir, examples, block_size=None, style="nanogpt", dtype=t
     """Per ending (summed loss, token count, acc_norm divisor) of the ending tokens' cross-entropy,
     straight from the HF model, one row at a time, in float64 unless dtype says otherwise. The
     rendering is written out here independently of hellaswag.py."""
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
-    model = GPT2LMHeadModel.from_pretrained(hf_dir).to(dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).to(dtype).eval()  # a GPT-2, or an exported llama
     enc = train_gpt2.get_tokenizer()
     out = []
     for ex in examples:
