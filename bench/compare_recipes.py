@@ -6,6 +6,7 @@ final validation loss, and its median ms per step.
 
     python bench/compare_recipes.py --data_dir ../shared/bench_data              # the four variants
     python bench/compare_recipes.py --data_dir ../shared/bench_data --only llama_muon --extra "--muon_lr 0.04" --tag lr04
+    python bench/compare_recipes.py --data_dir ../shared/bench_data --timing_steps 12   # ms/step, on a quiet machine
 
 Each variant is `python train_gpt2.py` with the flags below and its own --log_dir under --out; a variant
 whose log.txt is complete is not run again (delete its folder to redo it). Results: OUT/results.json,
@@ -75,6 +76,26 @@ def run_variant(name, flags, args):
             "val": {str((step + 1) * tokens_per_step): loss for step, loss in sorted(val.items())}}
 
 
+def time_variants(args, names):
+    """ms per step of each variant, measured apart from the long runs (which another job may have slowed):
+    --timing_steps steps each, in the order A B C D then D C B A; per variant the mean of its two medians
+    (each over the steps after the first two)."""
+    times = {name: [] for name in names}
+    for name in [*names, *reversed(names)]:
+        log_dir = os.path.join(args.out, f"timing_{name}")
+        flags = common_flags(args)
+        flags[flags.index("--max_steps") + 1] = str(args.timing_steps)
+        flags[flags.index("--eval_every") + 1] = "0"
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt2.py"), *flags, *VARIANTS[name],
+                               "--log_dir", log_dir, "--overwrite"], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"timing {name} failed: {done.stderr[-2000:]}")
+        step_ms = [float(m) for m in re.findall(r"dt ([\d.]+)ms", done.stdout)][2:]
+        times[name].append(sorted(step_ms)[len(step_ms) // 2])
+        print(f"timing {name}: median {times[name][-1]:.0f} ms/step", flush=True)
+    return {name: sum(t) / len(t) for name, t in times.items()}
+
+
 def tokens_to_reach(curve, target):
     """The tokens at which a validation curve first reaches `target`, linearly between evaluations; None if never."""
     points = sorted((int(t), v) for t, v in curve.items())
@@ -85,6 +106,8 @@ def tokens_to_reach(curve, target):
 
 
 def report(results, baseline, args):
+    timing = os.path.join(args.out, "timing.json")
+    quiet = json.load(open(timing)) if os.path.isfile(timing) else {}  # ms/step measured apart, when there is one
     target = list(results[baseline]["val"].values())[-1]
     base_tokens = tokens_to_reach(results[baseline]["val"], target)
     lines = [f"Shape: {args.n_layer} layers x {args.n_embd} wide, {args.n_head} heads; {args.steps} steps of "
@@ -96,7 +119,8 @@ def report(results, baseline, args):
         reach = tokens_to_reach(r["val"], target)
         share = f"{reach / base_tokens:.0%}" if reach else "not reached"
         lines.append(f"| {name} {' '.join(r['flags'])} | {r['parameters']:,} | {list(r['val'].values())[-1]:.4f} | "
-                     f"{f'{reach:,.0f}' if reach else 'not reached'} | {share} | {r['ms_per_step']:.0f} |")
+                     f"{f'{reach:,.0f}' if reach else 'not reached'} | {share} | "
+                     f"{quiet.get(name, r['ms_per_step']):.0f} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "recipes.md"), "w") as f:
         f.write(text)
@@ -136,8 +160,16 @@ def main():
     p.add_argument("--only", nargs="+", choices=sorted(VARIANTS), help="run only these variants")
     p.add_argument("--extra", default="", help="flags added to every variant run (e.g. --muon_lr 0.04)")
     p.add_argument("--tag", default="", help="a suffix for the variants' folders when --extra changes them")
+    p.add_argument("--timing_steps", type=int, default=0,
+                   help="instead: time each variant over this many steps, twice, in alternating order")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.timing_steps:
+        times = time_variants(args, [n for n in VARIANTS if not args.only or n in args.only])
+        with open(os.path.join(args.out, "timing.json"), "w") as f:
+            json.dump(times, f, indent=1)
+        print("\n".join(f"| {name} | {ms:.0f} |" for name, ms in times.items()))
+        return
     results = {}
     for name, flags in VARIANTS.items():
         if args.only and name not in args.only:

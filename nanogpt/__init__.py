@@ -10,7 +10,8 @@ The plumbing of train_gpt2.py and its sibling scripts, a module per concern (doc
     train_val_split  --val_tokens' rate, quota and draw (Router); the split's report (no torch)
     hub_shards       fineweb.py --download of ready-made shards                  (no torch)
     loss_head        the chunked linear + cross-entropy loss head
-    hf               transformers GPT-2: importing its weights, exporting ours
+    optimizers       torch.optim.Muon beside AdamW, as one optimizer
+    hf               transformers GPT-2, Llama, Qwen3: importing their weights, exporting ours
     checkpoints      checkpoint files: find, save, load, prune, resume
     sharding         ZeRO-1 and FSDP2, and gathering their state into one checkpoint
     runtime          device, precision, torch.compile, signals, the ranks' agreement

@@ -98,13 +98,14 @@ def checkpoint_config(ckpt, path, defaults):
     GPTConfig's fields (`defaults`: each field's default, which also gives its type), GPT-2's five always
     there, the others where the model is not a GPT-2. A UserError naming the file if not."""
     config = ckpt["config"]
-    shape = GPT2_SHAPE
-    if not (isinstance(config, dict) and set(shape) <= set(config) <= set(defaults)
-            and all(type(config[k]) is int and config[k] > 0 for k in shape) and config["n_embd"] % config["n_head"] == 0
+    unknown = sorted(set(config) - set(defaults)) if isinstance(config, dict) else []
+    if not (isinstance(config, dict) and set(GPT2_SHAPE) <= set(config) and not unknown
+            and all(type(config[k]) is int and config[k] > 0 for k in GPT2_SHAPE) and config["n_embd"] % config["n_head"] == 0
             and all(type(v) is type(defaults[k]) or (type(defaults[k]) is float and type(v) is int)
                     for k, v in config.items())
             and config.get("arch", "gpt2") in ("gpt2", "llama") and config["n_head"] % (config.get("n_kv_head") or 1) == 0):
-        raise UserError(f"{path}: its config {str(config)[:120]} is not a GPT shape this program can build")
+        what = f"fields this program does not know: {', '.join(map(str, unknown))}" if unknown else str(config)[:120]
+        raise UserError(f"{path}: its config ({what}) is not a GPT shape this program can build")
     if config["vocab_size"] < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
         raise UserError(f"{path}: vocab_size {config['vocab_size']} is smaller than the GPT-2 tokenizer's "
                         f"{GPT2_VOCAB_SIZE} token ids; it is not a GPT-2 checkpoint of this program")

@@ -143,8 +143,9 @@ def hf_state_dict(name_or_dir, arch="gpt2"):
         ) from None
     missing = sorted(k for k in info["missing_keys"] if not is_mask_buffer(k))
     if missing:  # transformers would fill them with random numbers
-        raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of its model "
-                        f"(e.g. {missing[0]}); give a directory saved by save_pretrained")
+        kind = "GPT-2" if arch == "gpt2" else type(hf_model).__name__.removesuffix("ForCausalLM")
+        raise UserError(f"--init_from {name_or_dir}: its weights lack {len(missing)} tensors of a {kind} "
+                        f"(e.g. {missing[0]}); give a directory saved by save_pretrained of a {type(hf_model).__name__}")
     if arch == "gpt2":
         return hf_to_our_state_dict(hf_model.state_dict())
     theirs = hf_model.state_dict()
