@@ -865,7 +865,7 @@ def model_config(args, ckpt):
                 shape[name] = getattr(args, name)
         if shape["n_embd"] % shape["n_head"]:
             raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-        arguments.check_architecture(args, shape["n_head"])
+        arguments.check_architecture(args, shape["n_head"], shape["n_embd"])
         tied = args.arch == "gpt2" or (LLAMA_TIED if args.tie_embeddings is None else args.tie_embeddings)
         # GPT-2's vocabulary is padded (as build-nanogpt's); llama's is the tokenizer's own, so that it spends no
         # probability on ids that never occur and its transformers export computes its very loss

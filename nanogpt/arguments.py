@@ -200,10 +200,11 @@ def check_init_from_shape(args, config):
                         "their shape)")
 
 
-def check_architecture(args, n_head):
+def check_architecture(args, n_head, n_embd):
     """A new model's architecture flags (docs/recipes.md): the options of llama refused with --arch gpt2 (GPT-2's
-    architecture has none of them, and its transformers export could not hold them), and a --n_kv_head that
-    does not divide n_head."""
+    architecture has none of them, and its transformers export could not hold them), a --n_kv_head that
+    does not divide n_head, heads of an odd size (rotary positions turn pairs of dimensions) and a rotary base
+    below 1 (its frequencies alias, and below ~1e-38 they overflow to NaN)."""
     if args.arch == "gpt2":
         given = [flag for flag in ("n_kv_head", "qk_norm", "rope_theta", "tie_embeddings") if flag in args.explicit]
         if given:
@@ -213,8 +214,12 @@ def check_architecture(args, n_head):
     elif args.n_kv_head is not None and not (0 < args.n_kv_head <= n_head and n_head % args.n_kv_head == 0):
         raise UserError(f"--n_kv_head {args.n_kv_head} does not divide --n_head {n_head}: each key/value head serves "
                         "the same number of query heads; pick a divisor")
-    if args.rope_theta <= 0 or not math.isfinite(args.rope_theta):
-        raise UserError(f"--rope_theta {args.rope_theta}: must be a finite number > 0")
+    elif (n_embd // n_head) % 2:
+        raise UserError(f"--n_embd {n_embd} / --n_head {n_head} gives heads of {n_embd // n_head} dimensions; rotary "
+                        "positions turn pairs of them, so --arch llama needs an even head size: pick another "
+                        "--n_head or --n_embd")
+    if args.rope_theta < 1 or not math.isfinite(args.rope_theta):
+        raise UserError(f"--rope_theta {args.rope_theta}: must be a finite number >= 1 (Llama's is 10000 or 500000)")
 
 
 def check_resume_args(args, saved_args, master, saved_config, model_presets):

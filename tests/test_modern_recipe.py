@@ -274,7 +274,7 @@ def test_sampling_int8_and_hellaswag_on_a_llama_checkpoint(modern_runs, tmp_path
     (["--optimizer", "muon", "--zero", "1"], "--optimizer muon trains with DDP only, not --zero 1"),
     (["--optimizer", "muon", "--fsdp"], "--optimizer muon trains with DDP only, not --fsdp"),
     (["--muon_lr", "0.1"], "--muon_lr does nothing with --optimizer adamw"),
-    (["--arch", "llama", "--rope_theta", "0"], "--rope_theta 0.0: must be a finite number > 0"),
+    (["--arch", "llama", "--rope_theta", "0"], "--rope_theta 0.0: must be a finite number >= 1"),
 ])
 def test_bad_combinations_are_one_line(shards, tmp_path, capsys, extra, named):
     flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log", "--max_steps", "1", "--n_head", "4"]
