@@ -189,7 +189,7 @@ def model_settings(config):
 def check_init_from_shape(args, config):
     """--init_from brings its shape and architecture (a --model preset brings only its run settings then):
     refuse --n_layer/--n_head/--n_embd/--arch/... given on the command line that ask for another (the same,
-    e.g. repeated by a script, is fine)."""
+    e.g. repeated by a script, is fine), and a --recipe whose architecture is another."""
     have = model_settings(config)
     flags = [f"--{name} {getattr(args, name)}" for name in have
              if name in args.explicit and getattr(args, name) != have[name]]
@@ -198,6 +198,9 @@ def check_init_from_shape(args, config):
         raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have "
                         f"{', '.join(f'{name} {have[name]}' for name in shown)}; drop the flags (the weights bring "
                         "their shape)")
+    if "recipe" in args.explicit and "arch" not in args.explicit and args.arch != have["arch"]:
+        raise UserError(f"--recipe {args.recipe} trains --arch {args.arch}, but --init_from {args.init_from}'s weights "
+                        f"are a {have['arch']}; give --optimizer {args.optimizer} in its place, or drop --init_from")
 
 
 def check_architecture(args, n_head, n_embd):

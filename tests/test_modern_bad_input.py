@@ -25,3 +25,20 @@ def test_a_llama_that_cannot_compute_is_one_line(shards, tmp_path, capsys, extra
     flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log", "--max_steps", "1", "--arch", "llama"]
     assert_cli_error(script_cli(capsys, train_gpt2.main, *flags, *extra), named)
     assert not (tmp_path / "log").exists()
+
+
+def test_the_modern_recipe_over_gpt2_weights_is_one_line(shards, tmp_path, capsys):
+    """--recipe modern means --arch llama; over GPT-2 weights it trained a GPT-2 with Muon, and the checkpoint's
+    arguments said arch llama."""
+    train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "gpt2"), "--max_steps", "1",
+                     "--eval_every", "0"])
+    code, _, err = script_cli(capsys, generate_tokens.main, "--checkpoint", tmp_path / "gpt2", "--export_hf",
+                              tmp_path / "hf")
+    assert code == 0, err
+    flags = [*TINY_RUN_FLAGS, "--data_dir", shards, "--init_from", tmp_path / "hf", "--eval_every", "0"]
+    result = script_cli(capsys, train_gpt2.main, *flags, "--log_dir", tmp_path / "log", "--recipe", "modern")
+    assert_cli_error(result, "--recipe modern trains --arch llama", "give --optimizer muon in its place")
+    assert not (tmp_path / "log").exists()
+    # what the message suggests runs
+    code, _, err = script_cli(capsys, train_gpt2.main, *flags, "--log_dir", tmp_path / "log", "--optimizer", "muon")
+    assert code == 0, err
