@@ -267,7 +267,7 @@ def llama_shape(hf, source):
         problems.append("biases (ours has none)")
     if width % heads or get("head_dim", width // heads) != width // heads:
         problems.append(f"head_dim {get('head_dim')} (ours: hidden_size / num_attention_heads)")
-    if kv_heads is None or heads % kv_heads:
+    if not kv_heads or heads % kv_heads:
         problems.append(f"num_key_value_heads {kv_heads} (must divide num_attention_heads {heads})")
     if rope_type != "default":
         problems.append(f"rope_type {rope_type} (ours: default)")
