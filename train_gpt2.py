@@ -1086,6 +1086,9 @@ def main(argv=None):
     if ckpt is None:
         args.data_dir = laptop_data_dir(args, print if master else lambda *a: None)
     arguments.check_args(args, RUN_PRESETS)
+    if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise UserError(f"--optimizer muon needs torch.optim.Muon, new in torch 2.9 (this is torch "
+                        f"{torch.__version__}); upgrade torch, or use --optimizer adamw")
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):

@@ -7,6 +7,7 @@ one line on stderr that names the problem and the fix, exit code 2, before any w
 import json
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
 import generate_tokens
@@ -47,10 +48,21 @@ def test_the_modern_recipe_over_gpt2_weights_is_one_line(shards, tmp_path, capsy
 def test_a_llama_config_without_key_value_heads_is_one_line(tmp_path, capsys):
     """A hand-edited config.json (transformers takes num_key_value_heads 0): it was a ZeroDivisionError."""
     LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, head_dim=16).save_pretrained(tmp_path)
+                num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6).save_pretrained(tmp_path)
     with open(tmp_path / "config.json") as f:
         config = json.load(f)
     with open(tmp_path / "config.json", "w") as f:
         json.dump({**config, "num_key_value_heads": 0}, f)
-    result = script_cli(capsys, generate_tokens.main, "--init_from", tmp_path, "--prompt", "Hi", "--max_new_tokens", "1")
+    result = script_cli(capsys, generate_tokens.main, "--init_from", tmp_path, "--prompt", "Hi",
+                        "--max_new_tokens", "1")
     assert_cli_error(result, f"--init_from {tmp_path}", "num_key_value_heads 0 (must divide num_attention_heads 2)")
+
+
+def test_muon_on_a_torch_without_it_is_one_line(shards, tmp_path, capsys, monkeypatch):
+    """requirements.txt takes torch 2.4; torch.optim.Muon came in 2.9 (it was an AttributeError in set-up)."""
+    monkeypatch.delattr(torch.optim, "Muon")
+    flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log", "--max_steps", "1", "--optimizer",
+             "muon"]
+    result = script_cli(capsys, train_gpt2.main, *flags)
+    assert_cli_error(result, "--optimizer muon needs torch.optim.Muon, new in torch 2.9")
+    assert not (tmp_path / "log").exists()
