@@ -55,8 +55,8 @@ def check_args(args, run_presets):
         raise UserError(f"--min_lr_frac {args.min_lr_frac}: must be from 0 to 1")
     for name in ("max_lr", "weight_decay", "muon_lr"):  # beyond this, the fp32 arithmetic overflows mid-run
         if getattr(args, name) > LARGEST_RATE:
-            raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} "
-                            "(AdamW's usual range is ~1e-3)")
+            usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
+            raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
     for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "tensorboard_run", "wandb", "wandb_id"):
         if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
             raise UserError(f"--{name} is empty; give a value, or drop the flag")

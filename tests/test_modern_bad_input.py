@@ -21,6 +21,9 @@ from conftest import TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, script_cli
     # theta 1e-50 underflows in fp32: cos/sin of inf, a run of NaN losses that was accepted
     (["--rope_theta", "1e-50"], "--rope_theta 1e-50: must be a finite number >= 1"),
     (["--rope_theta", "0"], "--rope_theta 0.0: must be a finite number >= 1"),
+    # it said AdamW's range
+    (["--optimizer", "muon", "--muon_lr", "2000"],
+     "--muon_lr 2000.0: must be at most 1000 (Muon's usual rate is ~0.02)"),
 ])
 def test_a_llama_that_cannot_compute_is_one_line(shards, tmp_path, capsys, extra, named):
     flags = [*TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log", "--max_steps", "1", "--arch", "llama"]
