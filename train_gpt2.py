@@ -1076,7 +1076,7 @@ def main(argv=None):
         if ckpt is not None:
             saved_args = ckpt.get("args", {})
             args = parse_args(argv, saved_args)
-            arguments.check_resume_args(args, saved_args, master, ckpt["config"], MODEL_PRESETS)
+            arguments.check_resume_args(args, saved_args, master, ckpt["config"], MODEL_PRESETS, RECIPES)
         elif master:
             print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir) and not args.overwrite:

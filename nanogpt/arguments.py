@@ -225,12 +225,13 @@ def check_architecture(args, n_head, n_embd):
         raise UserError(f"--rope_theta {args.rope_theta}: must be a finite number >= 1 (Llama's is 10000 or 500000)")
 
 
-def check_resume_args(args, saved_args, master, saved_config, model_presets):
+def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes):
     """Resuming continues the same run: args are the checkpoint's settings (saved_args) with the command
     line's over them; what the command line changes is printed. The shape and the batch cannot change.
     saved_config is the checkpoint's model config: --n_layer/--n_head/--n_embd are compared with the shape
     the run has (a preset's or --init_from's), not with the flag as saved (None where the run did not give
-    it). model_presets: train_gpt2's MODEL_PRESETS."""
+    it). model_presets, recipes: train_gpt2's MODEL_PRESETS and RECIPES; a --recipe given is compared by the
+    settings it stands for (--recipe modern resumes a run started as --arch llama --optimizer muon)."""
     if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
         saved_args = {**saved_args, "no_shuffle": True}
         args.no_shuffle = True
@@ -251,6 +252,14 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets):
                                 f"the checkpoint's model ({have}); drop the flag to resume, or use another --log_dir "
                                 "for a new run")
             saved_args = {**saved_args, "model": args.model}
+    if "recipe" in args.explicit:
+        implied = {"arch": "gpt2", "optimizer": "adamw", **recipes[args.recipe]}
+        clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
+        if clash:
+            raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "
+                            f"with the checkpoint's {', '.join(f'{k} {saved_args[k]}' for k in clash)}; drop the flag "
+                            "to resume, or use another --log_dir for a new run")
+        saved_args = {**saved_args, "recipe": args.recipe}
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue

@@ -135,6 +135,19 @@ def test_a_resumed_muon_run_logs_exactly_the_straight_runs_losses(modern_runs):
     assert ckpt["config"]["arch"] == "llama" and ckpt["config"]["n_kv_head"] == 2
 
 
+def test_the_recipe_flag_on_resume_is_judged_by_what_it_stands_for(modern_runs, capsys):
+    """The straight run was started as --arch llama --optimizer muon: --recipe modern is the same run, --recipe
+    gpt2 (--arch gpt2 --optimizer adamw) is not."""
+    log_dir = os.path.join(modern_runs["tmp"], "recipe_resume")
+    shutil.copytree(modern_runs["straight"], log_dir)
+    result = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--recipe", "gpt2")
+    assert_cli_error(result, "--recipe gpt2", "conflicts with the checkpoint's arch llama, optimizer muon")
+    code, _, err = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--recipe", "modern",
+                              "--max_steps", "7")
+    assert code == 0, err
+    assert read_log(log_dir)["train"][6] > 0  # step 6 was trained
+
+
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     model = random_llama(qk_norm=True)
     optimizer = model.configure_optimizers(0.1, 1e-3, "cpu", "muon", 0.02)
