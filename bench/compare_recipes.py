@@ -5,7 +5,7 @@ loss against tokens, and a table of each variant's final loss, the tokens it nee
 final validation loss, and its median ms per step.
 
     python bench/compare_recipes.py --data_dir ../shared/bench_data              # the four variants
-    python bench/compare_recipes.py --data_dir ../shared/bench_data --only llama_muon --extra "--muon_lr 0.04" --tag lr04
+    python bench/compare_recipes.py --data_dir ../shared/bench_data --only llama_muon --extra="--muon_lr 0.04" --tag lr04
     python bench/compare_recipes.py --data_dir ../shared/bench_data --timing_steps 12   # ms/step, on a quiet machine
 
 Each variant is `python train_gpt2.py` with the flags below and its own --log_dir under --out; a variant
@@ -120,7 +120,10 @@ def report(results, baseline, args):
         share = f"{reach / base_tokens:.0%}" if reach else "not reached"
         lines.append(f"| {name} {' '.join(r['flags'])} | {r['parameters']:,} | {list(r['val'].values())[-1]:.4f} | "
                      f"{f'{reach:,.0f}' if reach else 'not reached'} | {share} | "
-                     f"{quiet.get(name, r['ms_per_step']):.0f} |")
+                     f"{quiet[name] if name in quiet else r['ms_per_step']:.0f}{'' if name in quiet else ' *'} |")
+    if any(name not in quiet for name in results):
+        lines += ["", "ms/step: measured apart, on a quiet machine (--timing_steps); * the long run's median, which "
+                  "other jobs on the machine may have slowed"]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "recipes.md"), "w") as f:
         f.write(text)
@@ -158,7 +161,7 @@ def main():
     p.add_argument("--eval_every", type=int, default=25)
     p.add_argument("--val_steps", type=int, default=8)
     p.add_argument("--only", nargs="+", choices=sorted(VARIANTS), help="run only these variants")
-    p.add_argument("--extra", default="", help="flags added to every variant run (e.g. --muon_lr 0.04)")
+    p.add_argument("--extra", default="", help="flags added to every variant run, given with '=': --extra=--tie_embeddings")
     p.add_argument("--tag", default="", help="a suffix for the variants' folders when --extra changes them")
     p.add_argument("--timing_steps", type=int, default=0,
                    help="instead: time each variant over this many steps, twice, in alternating order")
