@@ -114,13 +114,14 @@ def report(results, baseline, args):
              f"{args.batch_size} x {args.seq_len} tokens; AdamW max lr {args.max_lr}, warmup {args.warmup_steps}, cosine "
              "to 10%.", "",
              f"| variant | parameters | final val loss | tokens to reach {baseline}'s final {target:.4f} | share of "
-             f"{baseline}'s | ms/step |", "| --- | --- | --- | --- | --- | --- |"]
+             f"{baseline}'s | ms/step | CPU time to reach it, share of {baseline}'s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         reach = tokens_to_reach(r["val"], target)
         share = f"{reach / base_tokens:.0%}" if reach else "not reached"
         lines.append(f"| {name} {' '.join(r['flags'])} | {r['parameters']:,} | {list(r['val'].values())[-1]:.4f} | "
                      f"{f'{reach:,.0f}' if reach else 'not reached'} | {share} | "
-                     f"{quiet[name] if name in quiet else r['ms_per_step']:.0f}{'' if name in quiet else ' *'} |")
+                     f"{quiet[name] if name in quiet else r['ms_per_step']:.0f}{'' if name in quiet else ' *'} | "
+                     f"{f'{reach / base_tokens * quiet[name] / quiet[baseline]:.0%}' if reach and name in quiet and baseline in quiet else '-'} |")
     if any(name not in quiet for name in results):
         lines += ["", "ms/step: measured apart, on a quiet machine (--timing_steps); * the long run's median, which "
                   "other jobs on the machine may have slowed"]
