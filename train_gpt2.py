@@ -68,7 +68,6 @@ class GPTConfig:
 
 
 CONFIG_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
-RMS_EPS = 1e-6  # RMSNorm's epsilon (Llama 3's and Qwen3's)
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.
@@ -86,7 +85,7 @@ RUN_PRESETS = {
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
 # The architecture and optimizer beyond GPT-2's, measured against it in docs/recipes.md (flags still win).
-RECIPES = {"gpt2": {}, "modern": dict(arch="llama", optimizer="muon")}
+RECIPES = {"gpt2": dict(arch="gpt2", optimizer="adamw"), "modern": dict(arch="llama", optimizer="muon")}
 LLAMA_TIED = False  # llama's output head by default: untied (docs/recipes.md measures both)
 MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
@@ -111,7 +110,7 @@ class KVCache:
 def norm(config, size=None):
     """GPT-2's LayerNorm, or llama's RMSNorm (with a learned gain, no bias)."""
     size = size or config.n_embd
-    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=RMS_EPS)
+    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=hf.RMS_EPS)
 
 
 class Rotary(nn.Module):

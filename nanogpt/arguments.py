@@ -209,7 +209,7 @@ def check_architecture(args, n_head, n_embd):
     does not divide n_head, heads of an odd size (rotary positions turn pairs of dimensions) and a rotary base
     below 1 (its frequencies alias, and below ~1e-38 they overflow to NaN)."""
     if args.arch == "gpt2":
-        given = [flag for flag in ("n_kv_head", "qk_norm", "rope_theta", "tie_embeddings") if flag in args.explicit]
+        given = [flag for flag in ARCH_ARGS if flag != "arch" and flag in args.explicit]
         if given:
             spelt = args.given_as.get(given[0], f"--{given[0]}")
             raise UserError(f"{spelt} is an option of --arch llama; GPT-2's architecture (the default) has learned "
@@ -253,7 +253,7 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
                                 "for a new run")
             saved_args = {**saved_args, "model": args.model}
     if "recipe" in args.explicit:
-        implied = {"arch": "gpt2", "optimizer": "adamw", **recipes[args.recipe]}
+        implied = recipes[args.recipe]
         clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
         if clash:
             raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "

@@ -232,7 +232,7 @@ def check_export_dir(out_dir):
 # Llama and Qwen3: our arch "llama" (Qwen3 when it has QK-norm)
 
 LLAMA_TYPES = ("llama", "qwen3")
-RMS_EPS = 1e-6  # the RMSNorm epsilon of our llama (train_gpt2.RMS_EPS)
+RMS_EPS = 1e-6  # the RMSNorm epsilon of our llama (Llama 3's and Qwen3's), its model and its exports
 # our per-block names -> transformers' (under model.layers.<i>.)
 LLAMA_BLOCK_NAMES = {"ln_1.weight": "input_layernorm.weight", "attn.c_q.weight": "self_attn.q_proj.weight",
                      "attn.c_k.weight": "self_attn.k_proj.weight", "attn.c_v.weight": "self_attn.v_proj.weight",
