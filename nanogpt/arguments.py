@@ -1,7 +1,7 @@
 """
 Checks of the scripts' settings before any work is done, each refusal one line naming the flag and the
 fix. train_gpt2.py's: ranges, flags that would do nothing, the batch split, memory, the log folder,
---init_from's shape, and what a --resume may change (and what a change of the learning-rate schedule does).
+--init_from's recipe, and what a --resume may change.
 fineweb.py's: its count arguments, its inputs, flags that would do nothing. Imports no torch.
 """
 
@@ -9,25 +9,23 @@ import argparse
 import math
 import os
 import re
+from dataclasses import asdict
 
-from nanogpt.cli import UserError
+from nanogpt.cli import INT_MAX, UserError
+from nanogpt.config_fields import refuse_another_model
 from nanogpt.files import CPUS
 from nanogpt.shard_manifest import REPEATED_INPUT
 from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 
 
-INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
 # flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
 FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
                  "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
-# the model's architecture beyond its shape (GPTConfig's fields of the same names)
-ARCH_ARGS = ("arch", "n_kv_head", "qk_norm", "rope_theta", "tie_embeddings")
-# what a resumed run cannot change: the model's shape and architecture, its optimizer, the batch, and the data order
-# (--seed draws each epoch's shuffle)
-SHAPE_ARGS = ("model", "n_layer", "n_head", "n_embd", *ARCH_ARGS, "recipe", "optimizer", "init_from", "seq_len",
-              "total_batch_size", "no_shuffle", "seed")
+# what a resumed run cannot change beside its model (GPTConfig's fields): its optimizer, the batch, and the data
+# order (--seed draws each epoch's shuffle)
+SHAPE_ARGS = ("model", "recipe", "optimizer", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
 
 
 def check_args(args, run_presets):
@@ -35,24 +33,27 @@ def check_args(args, run_presets):
     counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
               "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0,
               "max_bad_steps": 1}
-    for name in ("n_layer", "n_head", "n_embd", "n_kv_head", "hellaswag_limit"):
-        if getattr(args, name) is not None:
-            counts[name] = 1
+    if args.hellaswag_limit is not None:
+        counts["hellaswag_limit"] = 1
     for name, low in counts.items():
         if not low <= getattr(args, name) <= INT_MAX:
             raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
     if not 0 <= args.seed < 2**63:
         raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
-    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "weight_decay": (0, True), "grad_clip": (0, True),
-              "muon_lr": (0, False)}
+    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "warmdown_frac": (0, True), "weight_decay": (0, True),
+              "grad_clip": (0, True), "muon_lr": (0, False)}
     if args.peak_tflops is not None:
         floats["peak_tflops"] = (0, False)
     for name, (low, low_ok) in floats.items():
         value = getattr(args, name)
         if not math.isfinite(value) or value < low or (value == low and not low_ok):
             raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
-    if args.min_lr_frac > 1:
-        raise UserError(f"--min_lr_frac {args.min_lr_frac}: must be from 0 to 1")
+    for name in ("min_lr_frac", "warmdown_frac"):
+        if getattr(args, name) > 1:
+            raise UserError(f"--{name} {getattr(args, name)}: must be from 0 to 1")
+    if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":
+        raise UserError(f"--warmdown_frac does nothing with --lr_schedule {args.lr_schedule} (it is wsd's); "
+                        "add --lr_schedule wsd, or drop it")
     for name in ("max_lr", "weight_decay", "muon_lr"):  # beyond this, the fp32 arithmetic overflows mid-run
         if getattr(args, name) > LARGEST_RATE:
             usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
@@ -179,93 +180,47 @@ def check_log_dir(log_dir):
         raise UserError(f"cannot create --log_dir {log_dir} ({parent} {what}); pick another folder")
 
 
-def model_settings(config):
-    """The settings of the flags --n_layer ... --tie_embeddings that a model config (GPTConfig) has."""
-    settings = {name: getattr(config, name) for name in ("n_layer", "n_head", "n_embd", *ARCH_ARGS)}
-    settings["n_kv_head"] = config.n_kv_head or config.n_head
-    return settings
-
-
-def check_init_from_shape(args, config):
-    """--init_from brings its shape and architecture (a --model preset brings only its run settings then):
-    refuse --n_layer/--n_head/--n_embd/--arch/... given on the command line that ask for another (the same,
-    e.g. repeated by a script, is fine), and a --recipe whose architecture is another."""
-    have = model_settings(config)
-    flags = [f"--{name} {getattr(args, name)}" for name in have
-             if name in args.explicit and getattr(args, name) != have[name]]
-    if flags:
-        shown = [name for name in have if name in ("n_layer", "n_head", "n_embd", "arch") or name in args.explicit]
-        raise UserError(f"{' '.join(flags)} conflicts with --init_from {args.init_from}, whose weights have "
-                        f"{', '.join(f'{name} {have[name]}' for name in shown)}; drop the flags (the weights bring "
-                        "their shape)")
-    if "recipe" in args.explicit and "arch" not in args.explicit and args.arch != have["arch"]:
+def check_init_from_recipe(args, config):
+    """--init_from brings its model: a --recipe whose architecture is another is refused (GPTConfig's flags are
+    held to the weights' model by config_fields.refuse_another_model)."""
+    if "recipe" in args.explicit and "arch" not in args.explicit and args.arch != config.arch:
         raise UserError(f"--recipe {args.recipe} trains --arch {args.arch}, but --init_from {args.init_from}'s weights "
-                        f"are a {have['arch']}; give --optimizer {args.optimizer} in its place, or drop --init_from")
-
-
-def check_architecture(args, n_head, n_embd):
-    """A new model's architecture flags (docs/recipes.md): the options of llama refused with --arch gpt2 (GPT-2's
-    architecture has none of them, and its transformers export could not hold them), a --n_kv_head that
-    does not divide n_head, heads of an odd size (rotary positions turn pairs of dimensions) and a rotary base
-    below 1 (its frequencies alias, and below ~1e-38 they overflow to NaN)."""
-    if args.arch == "gpt2":
-        given = [flag for flag in ARCH_ARGS if flag != "arch" and flag in args.explicit]
-        if given:
-            spelt = args.given_as.get(given[0], f"--{given[0]}")
-            raise UserError(f"{spelt} is an option of --arch llama; GPT-2's architecture (the default) has learned "
-                            "positions, all heads for keys and values and a tied head: add --arch llama, or drop it")
-    elif args.n_kv_head is not None and not (0 < args.n_kv_head <= n_head and n_head % args.n_kv_head == 0):
-        raise UserError(f"--n_kv_head {args.n_kv_head} does not divide --n_head {n_head}: each key/value head serves "
-                        "the same number of query heads; pick a divisor")
-    elif (n_embd // n_head) % 2:
-        raise UserError(f"--n_embd {n_embd} / --n_head {n_head} gives heads of {n_embd // n_head} dimensions; rotary "
-                        "positions turn pairs of them, so --arch llama needs an even head size: pick another "
-                        "--n_head or --n_embd")
-    if args.rope_theta < 1 or not math.isfinite(args.rope_theta):
-        raise UserError(f"--rope_theta {args.rope_theta}: must be a finite number >= 1 (Llama's is 10000 or 500000)")
+                        f"are a {config.arch}; give --optimizer {args.optimizer} in its place, or drop --init_from")
 
 
 def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes):
     """Resuming continues the same run: args are the checkpoint's settings (saved_args) with the command
-    line's over them; what the command line changes is printed. The shape and the batch cannot change.
-    saved_config is the checkpoint's model config: --n_layer/--n_head/--n_embd are compared with the shape
-    the run has (a preset's or --init_from's), not with the flag as saved (None where the run did not give
-    it). model_presets, recipes: train_gpt2's MODEL_PRESETS and RECIPES; a --recipe given is compared by the
-    settings it stands for (--recipe modern resumes a run started as --arch llama --optimizer muon)."""
+    line's over them; what the command line changes is printed. The model (saved_config, the checkpoint's
+    GPTConfig), the optimizer, the batch and the data order cannot change. model_presets, recipes:
+    train_gpt2's MODEL_PRESETS and RECIPES; a --model given is compared by its shape (with the shape flags
+    given beside it), a --recipe by the settings it stands for (--recipe modern resumes a run started as
+    --arch llama --optimizer muon)."""
+    again = "drop the flag to resume, or use another --log_dir for a new run"
+    refuse_another_model(saved_config, args, "the checkpoint's model", again)
     if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
         saved_args = {**saved_args, "no_shuffle": True}
         args.no_shuffle = True
-    # a checkpoint from before the options beyond GPT-2: GPT-2's architecture, AdamW
-    saved_args = {"recipe": "gpt2", "optimizer": "adamw", **saved_args}
-    if isinstance(saved_config, dict):
-        shape = {k: saved_config[k] for k in ("n_layer", "n_head", "n_embd") if k in saved_config}
-        arch = {"arch": "gpt2", "qk_norm": False, "rope_theta": 10000.0, "tie_embeddings": True, **{
-            k: saved_config[k] for k in ARCH_ARGS if k in saved_config}}
-        arch["n_kv_head"] = saved_config.get("n_kv_head") or saved_config.get("n_head")
-        saved_args = {**saved_args, **arch, **shape}
-        if "model" in args.explicit and saved_args.get("init_from", "scratch") == "scratch":
-            # a preset is its shape (with the shape flags given beside it), whatever the run's --model said
-            asked = {**model_presets[args.model], **{k: getattr(args, k) for k in shape if k in args.explicit}}
-            if any(asked[k] != shape[k] for k in shape if k not in args.explicit):  # a flag given is checked below
-                have = ", ".join(f"{k} {v}" for k, v in shape.items())
-                raise UserError(f"--model {args.model} ({', '.join(f'{k} {asked[k]}' for k in shape)}) conflicts with "
-                                f"the checkpoint's model ({have}); drop the flag to resume, or use another --log_dir "
-                                "for a new run")
-            saved_args = {**saved_args, "model": args.model}
+    # a checkpoint from before the options beyond GPT-2: GPT-2's architecture, AdamW; the model as it is
+    saved_args = {"recipe": "gpt2", "optimizer": "adamw", **saved_args, **asdict(saved_config)}
+    if "model" in args.explicit and saved_args.get("init_from", "scratch") == "scratch":
+        shape = {k: saved_args[k] for k in ("n_layer", "n_head", "n_embd")}
+        asked = {**model_presets[args.model], **{k: getattr(args, k) for k in shape if k in args.explicit}}
+        if any(asked[k] != shape[k] for k in shape):
+            raise UserError(f"--model {args.model} ({', '.join(f'{k} {asked[k]}' for k in shape)}) conflicts with "
+                            f"the checkpoint's model ({', '.join(f'{k} {v}' for k, v in shape.items())}); {again}")
+        saved_args = {**saved_args, "model": args.model}
     if "recipe" in args.explicit:
         implied = recipes[args.recipe]
         clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
         if clash:
             raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "
-                            f"with the checkpoint's {', '.join(f'{k} {saved_args[k]}' for k in clash)}; drop the flag "
-                            "to resume, or use another --log_dir for a new run")
+                            f"with the checkpoint's {', '.join(f'{k} {saved_args[k]}' for k in clash)}; {again}")
         saved_args = {**saved_args, "recipe": args.recipe}
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
         if name in SHAPE_ARGS:
-            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; "
-                            "drop the flag to resume, or use another --log_dir for a new run")
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; {again}")
         if master:
             print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")
     return args
@@ -281,42 +236,6 @@ def resumed_run_finished(step, max_steps, ckpt_path, master):
         print(f"--resume: the run is finished ({ckpt_path} is after its last step, {step}); "
               "give a larger --max_steps to train on")
     return step + 1 == max_steps
-
-
-NEW_SCHEDULE = {"start": 0, "start_lr": None}  # get_lr's schedule from step 0
-SCHEDULE_ARGS = ("max_steps", "warmup_steps", "max_lr", "min_lr_frac")
-
-
-def resumed_schedule(ckpt, args, master, get_lr):
-    """Where the resumed run's learning-rate schedule begins (get_lr's start, start_lr). When the command
-    line changes the schedule's flags, --schedule_change says what becomes of it from the resume step:
-    recompute (the schedule of the new flags, as if the run had always had them: the rate may jump), stretch
-    (from the rate it has now, a cosine down to the new minimum at the new --max_steps) or restart (a new
-    warmup to --max_lr, then the cosine). What the rate does at the resume step is said on the console."""
-    saved, schedule = ckpt.get("args", {}), ckpt.get("schedule", NEW_SCHEDULE)
-    if not isinstance(schedule, dict) or set(schedule) != set(NEW_SCHEDULE):
-        raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
-                        "it is damaged or not a checkpoint of train_gpt2.py")
-    before = {name: saved.get(name, getattr(args, name)) for name in SCHEDULE_ARGS}
-    if all(before[name] == getattr(args, name) for name in SCHEDULE_ARGS):
-        return schedule
-    step = ckpt["step"] + 1
-    lr_before = get_lr(step, before["max_lr"], before["max_lr"] * before["min_lr_frac"], before["warmup_steps"],
-                       before["max_steps"], **schedule)
-    if args.schedule_change == "stretch":
-        schedule = {"start": step, "start_lr": lr_before}
-    elif args.schedule_change == "restart":
-        schedule = {"start": step, "start_lr": None}
-    lr_now = get_lr(step, args.max_lr, args.max_lr * args.min_lr_frac, args.warmup_steps, args.max_steps, **schedule)
-    if master:
-        what = {"recompute": "the schedule of the new settings from step 0 (--schedule_change stretch continues from "
-                             "the rate it has, restart warms up again)",
-                "stretch": f"from there a cosine down to {args.max_lr * args.min_lr_frac:.4e} at step {args.max_steps}",
-                "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then a cosine to step "
-                           f"{args.max_steps}"}[args.schedule_change]
-        print(f"--resume: the learning-rate schedule changes: at step {step} the rate is {lr_now:.4e} "
-              f"({lr_before:.4e} under the checkpoint's settings); {what}")
-    return schedule
 
 
 # -----------------------------------------------------------------------------

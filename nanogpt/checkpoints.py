@@ -12,6 +12,7 @@ from dataclasses import asdict
 import torch
 
 from nanogpt.cli import UserError, brief
+from nanogpt.config_fields import config_from_checkpoint
 from nanogpt.files import atomic_write
 from nanogpt.sharding import load_optimizer_state
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
@@ -84,30 +85,17 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
-GPT2_SHAPE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")  # a GPT-2's config: all its checkpoint holds
+# The fields every checkpoint's model config holds: a GPT-2's held only these until its whole config was saved.
+GPT2_SHAPE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
 
 
-def stored_config(config):
-    """The model config a checkpoint stores: a GPT-2's five fields (as it always was), every field for another
-    architecture (GPTConfig.arch)."""
-    return {k: v for k, v in asdict(config).items() if config.arch != "gpt2" or k in GPT2_SHAPE}
-
-
-def checkpoint_config(ckpt, path, defaults):
-    """The checkpoint's model config, checked to describe a model this program can build: a dict of
-    GPTConfig's fields (`defaults`: each field's default, which also gives its type), GPT-2's five always
-    there, the others where the model is not a GPT-2. A UserError naming the file if not."""
-    config = ckpt["config"]
-    unknown = sorted(set(config) - set(defaults)) if isinstance(config, dict) else []
-    if not (isinstance(config, dict) and set(GPT2_SHAPE) <= set(config) and not unknown
-            and all(type(config[k]) is int and config[k] > 0 for k in GPT2_SHAPE) and config["n_embd"] % config["n_head"] == 0
-            and all(type(v) is type(defaults[k]) or (type(defaults[k]) is float and type(v) is int)
-                    for k, v in config.items())
-            and config.get("arch", "gpt2") in ("gpt2", "llama") and config["n_head"] % (config.get("n_kv_head") or 1) == 0):
-        what = f"fields this program does not know: {', '.join(map(str, unknown))}" if unknown else str(config)[:120]
-        raise UserError(f"{path}: its config ({what}) is not a GPT shape this program can build")
-    if config["vocab_size"] < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
-        raise UserError(f"{path}: vocab_size {config['vocab_size']} is smaller than the GPT-2 tokenizer's "
+def checkpoint_config(ckpt, path, config_class):
+    """The model config a checkpoint stores, as a config_class (train_gpt2's GPTConfig), checked to describe a
+    model this program can build; a field the file lacks (written before the field existed) takes its
+    default. A UserError naming the file if not."""
+    config = config_from_checkpoint(config_class, ckpt["config"], path, required=GPT2_SHAPE)
+    if config.vocab_size < GPT2_VOCAB_SIZE:  # the tokenizer's ids would index past the embedding
+        raise UserError(f"{path}: vocab_size {config.vocab_size} is smaller than the GPT-2 tokenizer's "
                         f"{GPT2_VOCAB_SIZE} token ids; it is not a GPT-2 checkpoint of this program")
     return config
 
@@ -115,14 +103,14 @@ def checkpoint_config(ckpt, path, defaults):
 def training_checkpoint(model_state, optimizer_state, config, step, tokens, loader_state, scaler, args, device_type,
                         schedule=None):
     """What a checkpoint holds: the state after `step`'s update (weights, optimizer, loss scaler), the tokens
-    trained on up to and with it, the model config, the data position, the RNGs and the run's arguments;
+    trained on up to and with it, the model config (every field), the data position, the RNGs and the run's arguments;
     `schedule` only where a resume moved the learning-rate schedule (a plain run's file is as it always was)."""
     return {**({"schedule": schedule} if schedule else {}),
             "model": model_state,
             "optimizer": optimizer_state,
             "step": step,
             "tokens": tokens,
-            "config": config,
+            "config": asdict(config),
             "loader": loader_state,
             "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None},
             "scaler": scaler.state_dict() if scaler.is_enabled() else {},

@@ -9,6 +9,9 @@ import os
 import sys
 
 
+INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
+
+
 class UserError(Exception):
     """A problem the user can fix (bad flag, missing data, broken file). run_cli prints it as one line."""
 

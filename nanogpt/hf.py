@@ -12,6 +12,7 @@ import tempfile
 from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
+from nanogpt.config_fields import check_exportable
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
 HF_GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -73,9 +74,9 @@ def reachable(url, timeout=3.0):
         return False
 
 
-def local_shape(folder):
-    """The shape (GPTConfig's fields) of the model in a local transformers folder, from its config.json
-    alone (cheap, offline): a GPT-2, or a Llama or Qwen3 (our arch "llama")."""
+def local_shape(folder, rms_eps):
+    """GPTConfig's fields of the model in a local transformers folder, from its config.json alone (cheap,
+    offline): a GPT-2, or a Llama or Qwen3 (our arch "llama", whose RMSNorm epsilon is rms_eps)."""
     from transformers import AutoConfig
 
     try:
@@ -84,7 +85,7 @@ def local_shape(folder):
     except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
         raise UserError(f"--init_from {folder}: cannot read its config.json ({brief(e)}); "
                         "give a GPT-2, Llama or Qwen3 directory saved by save_pretrained") from None
-    return llama_shape(hf, folder) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
+    return llama_shape(hf, folder, rms_eps) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
 
 
 def gpt2_shape(hf, source):
@@ -102,8 +103,6 @@ def gpt2_shape(hf, source):
         problems.append("tie_word_embeddings false (an output head of its own; this GPT ties it to the embedding)")
     if get("activation_function") not in TANH_GELUS:
         problems.append(f"activation_function {get('activation_function')} (this GPT: gelu_new)")
-    if get("n_inner") not in (None, 4 * n_embd):
-        problems.append(f"n_inner {get('n_inner')} (this GPT: 4 x n_embd = {4 * n_embd})")
     if n_embd % n_head:
         problems.append(f"n_embd {n_embd} not divisible by n_head {n_head}")
     if not math.isclose(get("layer_norm_epsilon", 1e-5), 1e-5):
@@ -119,7 +118,7 @@ def gpt2_shape(hf, source):
                         f"{'; '.join(problems)}; give a GPT-2 of OpenAI's architecture (tied embeddings, the GPT-2 "
                         f"vocabulary, tanh GELU) or a hub name ({', '.join(HF_GPT2_MODELS)})")
     return dict(block_size=get("n_positions"), vocab_size=get("vocab_size"), n_layer=get("n_layer"), n_head=n_head,
-                n_embd=n_embd)
+                n_embd=n_embd, mlp_hidden=get("n_inner") or 4 * n_embd)
 
 
 def hf_state_dict(name_or_dir, arch="gpt2"):
@@ -167,25 +166,42 @@ def hf_to_our_state_dict(hf_sd):
     return sd
 
 
+# What each export computes: the GPTConfig fields whose every value its transformers class holds (arch's value picks
+# the export). Any other field must have the value the config gives it from these alone (its default): a field
+# added to GPTConfig is refused by every export until it is declared here and written by the export.
+EXPORTED_FIELDS = {
+    "gpt2": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch"),
+    "llama": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "n_kv_head", "qk_norm",
+              "rope_theta", "tie_embeddings"),
+}
+
+
 def export_hf(model, out_dir, also=None):
     """Write model as a transformers directory (config.json + model.safetensors): a GPT2LMHeadModel, or for
-    our llama a LlamaForCausalLM (Qwen3ForCausalLM with QK-norm).
-    The padded vocabulary rows are dropped: the tokenizer never produces them. also(folder), if given,
-    adds files to the export before it takes out_dir's name; its result is returned."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    check_export_dir(out_dir)
+    our llama a LlamaForCausalLM (Qwen3ForCausalLM with QK-norm); a model neither computes is refused in
+    one line naming the field. The padded vocabulary rows are dropped: the tokenizer never produces them.
+    also(folder), if given, adds files to the export before it takes out_dir's name. Returns (the class
+    written, also's result)."""
     cfg = model.config
+    if cfg.arch not in EXPORTED_FIELDS:
+        raise UserError(f"--export_hf: no transformers class computes --arch {cfg.arch}; the architectures that "
+                        f"export are {', '.join(EXPORTED_FIELDS)}")
+    kind = ("GPT2LMHeadModel" if cfg.arch == "gpt2" else "Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM")
+    check_exportable(cfg, EXPORTED_FIELDS[cfg.arch], f"transformers' {kind}")
+    check_export_dir(out_dir)
     vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
     ours = {k: v.detach().float().cpu()[:vocab] if k in ("transformer.wte.weight", "lm_head.weight")
             else v.detach().float().cpu() for k, v in model.state_dict().items()}
     if cfg.arch == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
         hf_model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd,
-                                              n_layer=cfg.n_layer, n_head=cfg.n_head, activation_function="gelu_new",
-                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True))
+                                              n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.mlp_hidden,
+                                              activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                                              attn_pdrop=0.0, tie_word_embeddings=True))
         sd = {k: v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v for k, v in ours.items()}
     else:
-        hf_model = llama_hf_model(cfg, vocab)
+        hf_model = llama_hf_model(cfg, vocab, model.transformer.ln_f.eps)
         sd = {theirs: ours[mine] for mine, theirs in llama_names(cfg).items()}
         sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # tied: transformers ties on load
     missing, unexpected = hf_model.load_state_dict(sd, strict=False)
@@ -213,7 +229,7 @@ def export_hf(model, out_dir, also=None):
             raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); "
                             "free disk space or pick another folder") from None
         raise
-    return added
+    return kind, added
 
 
 def check_export_dir(out_dir):
@@ -232,7 +248,6 @@ def check_export_dir(out_dir):
 # Llama and Qwen3: our arch "llama" (Qwen3 when it has QK-norm)
 
 LLAMA_TYPES = ("llama", "qwen3")
-RMS_EPS = 1e-6  # the RMSNorm epsilon of our llama (Llama 3's and Qwen3's), its model and its exports
 # our per-block names -> transformers' (under model.layers.<i>.)
 LLAMA_BLOCK_NAMES = {"ln_1.weight": "input_layernorm.weight", "attn.c_q.weight": "self_attn.q_proj.weight",
                      "attn.c_k.weight": "self_attn.k_proj.weight", "attn.c_v.weight": "self_attn.v_proj.weight",
@@ -251,7 +266,7 @@ def rope_of(hf):
     return float(theta), params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
 
 
-def llama_shape(hf, source):
+def llama_shape(hf, source, rms_eps):
     """The shape (GPTConfig's fields) of a transformers Llama or Qwen3 config, or a one-line refusal naming
     every setting with which it computes something our llama does not."""
     get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
@@ -271,8 +286,8 @@ def llama_shape(hf, source):
         problems.append(f"num_key_value_heads {kv_heads} (must divide num_attention_heads {heads})")
     if rope_type != "default":
         problems.append(f"rope_type {rope_type} (ours: default)")
-    if not math.isclose(get("rms_norm_eps", RMS_EPS), RMS_EPS):
-        problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {RMS_EPS})")
+    if not math.isclose(get("rms_norm_eps", rms_eps), rms_eps):
+        problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {rms_eps})")
     if get("use_sliding_window", False):
         problems.append("use_sliding_window true")
     if problems:
@@ -299,13 +314,13 @@ def llama_names(config):
     return names
 
 
-def llama_hf_model(cfg, vocab):
+def llama_hf_model(cfg, vocab, rms_eps):
     """An empty transformers LlamaForCausalLM (Qwen3ForCausalLM with QK-norm) of our llama's config."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(vocab_size=vocab, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_hidden, num_hidden_layers=cfg.n_layer,
                   num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head, head_dim=cfg.n_embd // cfg.n_head,
-                  max_position_embeddings=cfg.block_size, rms_norm_eps=RMS_EPS, rope_theta=cfg.rope_theta,
+                  max_position_embeddings=cfg.block_size, rms_norm_eps=rms_eps, rope_theta=cfg.rope_theta,
                   hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
                   bos_token_id=GPT2_VOCAB_SIZE - 1, eos_token_id=GPT2_VOCAB_SIZE - 1)
     if cfg.qk_norm:

@@ -49,3 +49,9 @@ def muon_with_adamw(matrices, adamw, muon_lr, max_lr):
     muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr,
                             weight_decay=0.0)
     return MuonWithAdamW(muon, adamw)
+
+
+def rates_beside(optimizer):
+    """The learning rates of the optimizers stepped beside AdamW, by name, for the step line and the trackers:
+    {"muon": Muon's rate} beside AdamW, else {}."""
+    return {"muon": optimizer.muon.param_groups[0]["lr"]} if isinstance(optimizer, MuonWithAdamW) else {}

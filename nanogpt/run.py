@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import torch
 
-from nanogpt.arguments import NEW_SCHEDULE, check_schedule
-from nanogpt.checkpoints import (checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, stored_config,
-                                 training_checkpoint)
+from nanogpt.arguments import check_schedule
+from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
+from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
 from nanogpt.runtime import (RankZeroWork, StopFlag, console, is_out_of_memory, peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
@@ -53,12 +53,13 @@ class Run:
         self.rank0.do(work, *args)
         self.rank0.agree()
 
-    def start(self, ckpt, ckpt_path, start_step, header, model, optimizer, scaler, loader, zero, fsdp, schedule,
+    def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
               flops_per_token, peak):
-        """Everything is checked and built: open the log folder (rank 0) and print the run's header. The
-        arguments after the header are what a checkpoint saves and the step lines measure."""
+        """Everything is checked and built: open the log folder (rank 0) and print the run's header. What a
+        checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
+        loader's position, where lr_schedule was moved; flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
         self.model, self.optimizer, self.scaler, self.loader = model, optimizer, scaler, loader
-        self.zero, self.fsdp, self.schedule = zero, fsdp, schedule
+        self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
@@ -101,10 +102,11 @@ class Run:
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
+        others = rates_beside(self.optimizer)  # Muon's, beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
-                           finite, ramping=bool(self.args.batch_size_warmup_tokens)))
+                           finite, ramping=bool(self.args.batch_size_warmup_tokens), other_rates=others))
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
-                      step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak))
+                      step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others))
         self.bad_steps = 0 if finite else self.bad_steps + 1
         self.stop_if_broken(step, finite and not weights_finite(self.model))
 
@@ -147,10 +149,9 @@ class Run:
         model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
-        schedule = self.schedule if self.schedule != NEW_SCHEDULE else None
-        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, stored_config(self.model.config), step,
+        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
                                                   tokens_seen, loader_state, self.scaler, self.args, self.device_type,
-                                                  schedule))
+                                                  self.lr_schedule.moved()))
         if self.args.keep_checkpoints:
             prune_checkpoints(self.args.log_dir, step, self.args.keep_checkpoints)
         self.say(f"saved {path}")

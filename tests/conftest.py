@@ -57,7 +57,7 @@ def read_log(log_dir):
     return out
 
 
-STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ \| norm ([\d.]+)")
+STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ (?:\| muon lr \S+ )?\| norm ([\d.]+)")
 NORM_TOL = 2e-4  # two norms printed to 4 decimals: 2 x 5e-5 of rounding, and as much again for float noise
 
 

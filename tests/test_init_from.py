@@ -27,7 +27,8 @@ SHAPE = dict(n_layer=2, n_head=2, n_embd=32)  # TINY_FLAGS' shape
 # GPT-2 settings transformers computes with that our GPT computes too, the same or in another precision
 SAME_MATH = {"default": {}, "gelu_pytorch_tanh": dict(activation_function="gelu_pytorch_tanh"),
              "gelu_fast": dict(activation_function="gelu_fast"), "n_inner_4x": dict(n_inner=4 * SHAPE["n_embd"]),
-             "reorder_and_upcast_attn": dict(reorder_and_upcast_attn=True), "padded_vocab": dict(vocab_size=50304)}
+             "reorder_and_upcast_attn": dict(reorder_and_upcast_attn=True), "padded_vocab": dict(vocab_size=50304),
+             "n_inner_100": dict(n_inner=100)}  # another MLP width: GPTConfig's mlp_hidden
 # ... and those it computes otherwise: (settings, what the refusal names)
 OTHER_MATH = {
     "untied": (dict(tie_word_embeddings=False), "tie_word_embeddings false"),
@@ -37,10 +38,9 @@ OTHER_MATH = {
     "unscaled_attention": (dict(scale_attn_weights=False), "scale_attn_weights false"),
     "inverse_layer_idx": (dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx true"),
 }
-# ... and those it has no room for: token ids of GPT-2's tokenizer, another MLP width, extra weights
+# ... and those it has no room for: token ids of GPT-2's tokenizer, extra weights
 NOT_LOADABLE = {
     "small_vocab": (dict(vocab_size=1000), "vocab_size 1000"),
-    "n_inner": (dict(n_inner=100), "n_inner 100"),
     "cross_attention": (dict(add_cross_attention=True), "add_cross_attention true"),
 }
 REFUSED = {**OTHER_MATH, **NOT_LOADABLE}
@@ -284,9 +284,9 @@ def test_resume_compares_shape_flags_with_the_checkpoints_model(hf_dirs, shards,
     train_gpt2.main([*flags, "--max_steps", "2", "--resume", "--n_layer", "4", "--n_embd", "128"])
     assert sorted(read_log(log_dir)["train"]) == [0, 1]
     before = files_under(log_dir)
-    with pytest.raises(train_gpt2.UserError, match="--n_layer 3 conflicts with the checkpoint's 4;"):
+    with pytest.raises(train_gpt2.UserError, match="--n_layer 3 conflicts with the checkpoint's model, which has n_layer 4,"):
         train_gpt2.main([*flags, "--max_steps", "3", "--resume", "--n_layer", "3"])
-    with pytest.raises(train_gpt2.UserError, match="--n_embd 64 conflicts with the checkpoint's 128;"):
+    with pytest.raises(train_gpt2.UserError, match="--n_embd 64 conflicts with the checkpoint's model, which has n_layer 4, n_head 4, n_embd 128,"):
         train_gpt2.main([*flags, "--max_steps", "3", "--resume", "--n_embd", "64"])
     assert files_under(log_dir) == before
 
@@ -298,5 +298,5 @@ def test_resume_of_an_init_from_run_takes_its_shape_flags(hf_dirs, shards, tmp_p
     train_gpt2.main([*flags, "--max_steps", "1"])
     train_gpt2.main([*flags, "--max_steps", "2", "--resume", "--n_embd", "32"])
     assert sorted(read_log(log_dir)["train"]) == [0, 1]
-    with pytest.raises(train_gpt2.UserError, match="--n_head 4 conflicts with the checkpoint's 2;"):
+    with pytest.raises(train_gpt2.UserError, match="--n_head 4 conflicts with the checkpoint's model, which has n_layer 2, n_head 2,"):
         train_gpt2.main([*flags, "--max_steps", "3", "--resume", "--n_head", "4"])

@@ -6,6 +6,7 @@ uncached forward for the key/value cache.
     python -m pytest -q tests/test_modern_recipe.py
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -299,7 +300,7 @@ def test_a_gpt2_checkpoint_resumed_as_llama_and_gpt2_weights_as_llama_are_refuse
     log_dir = tmp_path / "log"
     train(shards, str(log_dir), "--max_steps", "1", "--eval_every", "0")
     result = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--max_steps", "2", "--arch", "llama")
-    assert_cli_error(result, "--arch llama conflicts with the checkpoint's gpt2")
+    assert_cli_error(result, "--arch llama conflicts with the checkpoint's model, which has", "arch gpt2")
     code, _, err = script_cli(capsys, generate_tokens.main, "--checkpoint", log_dir, "--export_hf", tmp_path / "hf")
     assert code == 0, err
     result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS[TINY_FLAGS.index("--seq_len"):], "--data_dir", shards,
@@ -317,11 +318,12 @@ def test_another_vocabulary_is_one_line(shards, tmp_path, capsys):
 
 
 def test_the_gpt2_path_keeps_its_checkpoint_layout(shards, tmp_path):
-    """--arch gpt2 --optimizer adamw (the defaults): the config of GPT-2's five fields and AdamW's own state
-    dict, as checkpoints always held them (tests/test_old_checkpoint.py resumes one written before)."""
+    """--arch gpt2 --optimizer adamw (the defaults): AdamW's own state dict, as checkpoints always held it, and
+    the whole model config (a checkpoint of GPT-2's five fields from before loads: tests/test_old_checkpoint.py)."""
     train(shards, str(tmp_path / "log"), "--max_steps", "1", "--eval_every", "0")
     ckpt = load_checkpoint(find_checkpoints(str(tmp_path / "log"))[0])
-    assert sorted(ckpt["config"]) == sorted(["block_size", "vocab_size", "n_layer", "n_head", "n_embd"])
+    assert ckpt["config"] == dataclasses.asdict(train_gpt2.load_model(str(tmp_path / "log")).config)
+    assert sorted(ckpt["config"]) == sorted(f.name for f in dataclasses.fields(train_gpt2.GPTConfig))
     assert set(ckpt["optimizer"]) == {"state", "param_groups"} and len(ckpt["optimizer"]["param_groups"]) == 2
     assert all("lr_scale" not in g for g in ckpt["optimizer"]["param_groups"])
     assert "schedule" not in ckpt
