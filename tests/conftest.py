@@ -17,6 +17,11 @@ import train_gpt2  # noqa: E402
 from nanogpt.shards import write_shard  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: the full suite's (torchrun, torch.compile, faults, trackers, the data "
+                                       "pipeline); `pytest -m \"not slow\"` is the quick check of a model change")
+
+
 def cycle_tokens(n, period=48, seed=0):
     """n tokens repeating one random permutation: a next-token rule a tiny model learns in a few steps."""
     rng = np.random.default_rng(seed)

@@ -25,6 +25,10 @@ from nanogpt.shards import write_shard
 from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train,
                       truncate_half, write_hellaswag)
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 HUGE = str(2**63)
 # flag -> values that must be refused before any work
 BAD_VALUES = {

@@ -16,6 +16,10 @@ from nanogpt import text_inputs
 from nanogpt.shards import read_shard, write_shard
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 EOT = 50256
 SMALL_CHUNK = 64  # characters per piece and per batch in these tests, so documents get split and batches are many
 

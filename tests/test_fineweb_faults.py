@@ -30,6 +30,10 @@ from nanogpt.files import temporary_of
 from nanogpt.shards import verify_shards, write_shard
 from conftest import ROOT, assert_cli_error, assert_one_line_error, fineweb_cli, run_script
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 
 def austen(start, length):
     with open(os.path.join(ROOT, "data", "austen.txt"), encoding="utf-8") as f:

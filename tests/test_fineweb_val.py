@@ -21,6 +21,10 @@ from nanogpt import text_inputs, train_val_split
 from nanogpt.shards import list_shards
 from conftest import ROOT, assert_cli_error, fineweb_cli, run_script
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 EOT = 50256
 
 

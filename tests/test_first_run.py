@@ -8,7 +8,13 @@ import filecmp
 import os
 import shutil
 
+import pytest
+
 from conftest import ROOT, read_log, run_script
+
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
 
 
 def fresh_clone(dest):

@@ -248,6 +248,7 @@ def test_cli_init_from_hf_dir(hf_dir, data, ref):
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples[:7], ref[:7])
 
 
+@pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_ddp_two_processes_give_the_same_counts(hf_dir, data, ref):
     """torchrun, 2 gloo processes: 19 examples split 10 + 9, counts summed, only rank 0 prints."""
     r = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "hellaswag.py", "--init_from", hf_dir,

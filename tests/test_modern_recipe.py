@@ -161,8 +161,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert optimizer.muon.param_groups[0]["lr_scale"] == pytest.approx(20)  # --muon_lr / --max_lr
 
 
-def test_the_schedule_scales_muons_learning_rate_too(modern_runs, monkeypatch):
-    """Each step's rates as the optimizers receive them: AdamW's the schedule's, Muon's x --muon_lr / --max_lr."""
+def test_the_schedule_scales_muons_learning_rate_too(modern_runs, monkeypatch, capsys):
+    """Each step's rates as the optimizers receive them: AdamW's the schedule's, Muon's x --muon_lr / --max_lr;
+    the step line shows both."""
     seen = []
     real_step = torch.optim.Muon.step
 
@@ -175,6 +176,10 @@ def test_the_schedule_scales_muons_learning_rate_too(modern_runs, monkeypatch):
     train_gpt2.main([*modern_runs["flags"], "--log_dir", log_dir, "--max_steps", "3", "--eval_every", "0"])
     want = [train_gpt2.get_lr(s, 3e-3, 3e-4, 2, 3) * 0.02 / 3e-3 for s in range(3)]
     assert seen == pytest.approx(want, rel=1e-12)
+    shown = re.findall(r"\| lr (\S+) \| muon lr (\S+) \| norm", capsys.readouterr().out)
+    assert len(shown) == 3
+    for (adamw, muon), rate in zip(shown, want):  # printed with 4 decimals of the mantissa
+        assert float(muon) == pytest.approx(rate, rel=5e-5) and float(adamw) == pytest.approx(rate * 3e-3 / 0.02, rel=5e-5)
 
 
 def test_recompute_is_the_same_llama_run(modern_runs, one_thread):
@@ -183,6 +188,7 @@ def test_recompute_is_the_same_llama_run(modern_runs, one_thread):
     assert read_log(log_dir) == read_log(modern_runs["straight"])
 
 
+@pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_two_processes_train_like_one(modern_runs, capsys):
     """DDP over 2 gloo processes against one process with the same total batch: the same sums in another order
     (the DDP test's bounds), and the same gradient norms (averaged over the ranks, not summed)."""
@@ -199,6 +205,7 @@ def test_two_processes_train_like_one(modern_runs, capsys):
     assert_same_norms(one_out, both.stdout, range(4))
 
 
+@pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_llama_trains_compiled_like_eager(modern_runs, one_thread):
     """torch.compile on the CPU (inductor's C++ code): the same losses within float reordering."""
     flags = [*modern_runs["flags"], "--eval_every", "0", "--max_steps", "2"]
@@ -207,6 +214,7 @@ def test_llama_trains_compiled_like_eager(modern_runs, one_thread):
     assert all(abs(eager[s] - compiled[s]) < 1e-4 for s in (0, 1)), (eager, compiled)
 
 
+@pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_llama_under_fsdp_trains_like_ddp(modern_runs):
     """FSDP2 shards the llama Block by Block (the untied head and the embedding on the root) with AdamW."""
     flags = [*TINY_FLAGS, *LLAMA, "--data_dir", modern_runs["data"], "--max_steps", "3", "--eval_every", "0",

@@ -12,6 +12,10 @@ import plot_log
 from conftest import assert_one_line_error, run_script
 from nanogpt.cli import UserError
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 LOG = """0 val 10.9876
 0 hella 0.2500
 0 train 10.991234

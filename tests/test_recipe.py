@@ -21,6 +21,10 @@ from nanogpt.runtime import choose_compile
 from nanogpt.shards import read_shard, write_shard
 from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 EOT = 50256
 SHUFFLED_FLAGS = [f for f in TINY_FLAGS if f != "--no_shuffle"]
 

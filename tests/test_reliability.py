@@ -19,6 +19,10 @@ from nanogpt.shards import read_shard, write_shard
 from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
                       max_weight_diff, read_log, run_script, torchrun, train, truncate_half)
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 
 def log_text(log_dir):
     with open(os.path.join(log_dir, "log.txt")) as f:

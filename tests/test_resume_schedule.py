@@ -88,3 +88,56 @@ def test_schedule_change_without_resume_is_refused(shards, tmp_path, capsys):
                         "--max_steps", "2", "--schedule_change", "stretch")
     assert_cli_error(result, "--schedule_change stretch does nothing without --resume")
     assert not (tmp_path / "log").exists()
+
+
+# -----------------------------------------------------------------------------
+# --lr_schedule wsd: warm-up, stable, decay (a straight line over the last --warmdown_frac of the steps)
+
+
+def wsd(step, max_steps, frac, start=0, top=None):
+    """From `start`: a warmup to MAX_LR (or, given `top`, that rate held from the start, without a warmup), held
+    until the later of the warmup's end and the last frac of max_steps, then a straight line to MIN_LR there."""
+    warmup = WARMUP if top is None else 0
+    if step - start < warmup:
+        return MAX_LR * (step - start + 1) / WARMUP
+    top = MAX_LR if top is None else top
+    line_from = max(start + warmup, max_steps - round(frac * max_steps))
+    if step >= max_steps:
+        return MIN_LR
+    return top if step < line_from else top - (top - MIN_LR) * (step - line_from) / (max_steps - line_from)
+
+
+def test_wsd_holds_the_rate_then_goes_down_in_a_straight_line(shards, tmp_path, capsys, one_thread):
+    code, out, err = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
+                                "--eval_every", "0", "--max_steps", "10", "--lr_schedule", "wsd", "--warmdown_frac", "0.4")
+    assert code == 0, err
+    want = {s: wsd(s, 10, 0.4) for s in range(10)}
+    assert [want[s] for s in (1, 5, 6, 9)] == [MAX_LR, MAX_LR, MAX_LR, MAX_LR - (MAX_LR - MIN_LR) * 3 / 4]
+    assert_rates(printed_rates(out), want)
+
+
+@pytest.mark.parametrize("choice", ["recompute", "stretch", "restart"])
+def test_a_cosine_run_resumed_as_wsd_follows_the_schedule_chosen(interrupted, capsys, choice):
+    flags, log_dir = interrupted
+    code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--resume", "--max_steps", "20", "--lr_schedule", "wsd",
+                                "--warmdown_frac", "0.5", "--schedule_change", choice)
+    assert code == 0, err
+    before = schedule(5, 10)
+    want = {"recompute": {s: wsd(s, 20, 0.5) for s in range(5, 20)},
+            "stretch": {s: wsd(s, 20, 0.5, start=5, top=before) for s in range(5, 20)},
+            "restart": {s: wsd(s, 20, 0.5, start=5) for s in range(5, 20)}}[choice]
+    assert_rates(printed_rates(out), want)
+    said = next(line for line in out.splitlines() if "learning-rate schedule changes" in line)
+    assert f"at step 5 the rate is {want[5]:.4e} ({before:.4e} under the checkpoint's settings)" in said
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--warmdown_frac", "0.3"], "--warmdown_frac does nothing with --lr_schedule cosine"),
+    (["--lr_schedule", "wsd", "--warmdown_frac", "1.5"], "--warmdown_frac 1.5: must be from 0 to 1"),
+    (["--lr_schedule", "wsd", "--warmdown_frac", "-0.1"], "--warmdown_frac -0.1: must be a finite number >= 0"),
+])
+def test_bad_wsd_flags_are_one_line(shards, tmp_path, capsys, extra, named):
+    result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
+                        "--max_steps", "2", *extra)
+    assert_cli_error(result, named)
+    assert not (tmp_path / "log").exists()

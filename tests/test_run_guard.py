@@ -26,6 +26,10 @@ from nanogpt.runlog import LOG_DIR_LOCK, lock_log_dir, unlock_log_dir
 from nanogpt.runtime import RankZeroWork
 from conftest import ROOT, TINY_FLAGS, assert_one_line_error, read_log, run_script, script_cli, torchrun, train, write_hellaswag
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 LIMIT_S = 120  # a rank still running after this is waiting for a peer that is gone
 
 

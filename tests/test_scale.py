@@ -31,6 +31,10 @@ import train_gpt2
 from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards,
                       max_weight_diff, read_log, run_script, step_norms, torchrun, write_hellaswag)
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
 STATE_RE = re.compile(r"optimizer state per rank: (.*)")
 

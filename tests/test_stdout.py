@@ -13,6 +13,10 @@ import pytest
 
 from conftest import ROOT, TINY_FLAGS, make_shards, write_hellaswag
 
+# The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
+# the quick check of a change to the model, which cannot break these alone.
+pytestmark = pytest.mark.slow
+
 FULL = "error: cannot write to standard output (No space left on device)"
 
 

@@ -3,6 +3,7 @@
 import os
 import re
 
+import pytest
 import torch
 
 import train_gpt2
@@ -72,6 +73,7 @@ def mfu_per_token_per_second(stdout):
     return [(mfu / tok, 0.05 / mfu + 0.5 / tok) for mfu, tok in pairs]  # printed to 0.1% and to 1 token
 
 
+@pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_two_process_ddp_matches_one_process(shards, tmp_path, capsys):
     common = [*TINY_FLAGS, "--data_dir", shards, "--max_steps", "4", "--eval_every", "2", "--save_every", "2",
               "--total_batch_size", "512", "--peak_tflops", "0.001"]
