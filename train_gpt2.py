@@ -889,16 +889,16 @@ def train(args, config, ckpt=None, ckpt_path=None, lr_schedule=None):
 
 @dataclass
 class TrainingSetup:
-    """What set_up() builds for the loop."""
-    model: nn.Module  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
-    eval_model: nn.Module  # compiled, not wrapped: validation and HellaSwag run on every rank alone
-    raw_model: GPT  # the module itself: its weights, clipping, samples
-    optimizer: object  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
-    scaler: torch.amp.GradScaler
-    train_loader: DataLoaderLite
-    val_loader: object  # a DataLoaderLite, or None when --eval_every is 0
-    score_hellaswag: object  # model -> this rank's share of HellaSwag scored, or None
-    lr_schedule: LRSchedule
+    """What set_up() builds for the loop (each field defaults to None, so that one more can go anywhere)."""
+    model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
+    eval_model: nn.Module = None  # compiled, not wrapped: validation and HellaSwag run on every rank alone
+    raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
+    optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
+    scaler: torch.amp.GradScaler = None
+    train_loader: object = None  # a DataLoaderLite, or the shuffled one
+    val_loader: object = None  # None when --eval_every is 0
+    score_hellaswag: object = None  # model -> this rank's share of HellaSwag scored; None when it is off
+    lr_schedule: object = None  # an LRSchedule: the rate of each step
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
 
@@ -960,8 +960,9 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
-    return TrainingSetup(model, eval_model, raw_model, optimizer, scaler, train_loader, val_loader, score_hellaswag,
-                         lr_schedule, start_step, tokens_seen)
+    return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
+                         train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
+                         lr_schedule=lr_schedule, start_step=start_step, tokens_seen=tokens_seen)
 
 
 def model_config(args, ckpt):
