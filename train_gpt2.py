@@ -752,7 +752,8 @@ def resumed_schedule(ckpt, args, say):
     says what becomes of it from the resume step: recompute (the new settings' schedule, as if the run had always
     had them: the rate may jump), stretch (from the rate it has now, down to the new minimum at the new
     --max_steps, in the new shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
-    saved, moved = ckpt.get("args", {}), ckpt.get("schedule", {"start": 0, "start_lr": None})
+    saved = {"lr_schedule": "cosine", **ckpt.get("args", {})}  # a run from before --lr_schedule: a cosine's
+    moved = ckpt.get("schedule", {"start": 0, "start_lr": None})
     if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
         raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
                         "it is damaged or not a checkpoint of train_gpt2.py")

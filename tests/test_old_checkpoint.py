@@ -37,3 +37,14 @@ def test_a_checkpoint_from_before_resumes_and_loads(tmp_path, capsys, one_thread
     code, out, err = script_cli(capsys, generate_tokens.main, "--checkpoint", os.path.join(SAVED, "model_00001.pt"),
                                 "--device", "cpu", "--prompt", "Hello", "--num_samples", "1", "--max_new_tokens", "3")
     assert code == 0 and "--- sample 1/1 ---" in out, err
+
+
+def test_a_checkpoint_from_before_the_wsd_schedule_was_a_cosines(tmp_path, capsys, one_thread):
+    """Its arguments have no --lr_schedule: asking for wsd on resume is a change of the schedule, said as one."""
+    data = make_shards(str(tmp_path / "data"))
+    log_dir = str(tmp_path / "log")
+    shutil.copytree(SAVED, log_dir, ignore=shutil.ignore_patterns("README.md"))
+    code, out, err = script_cli(capsys, train_gpt2.main, "--data_dir", data, "--log_dir", log_dir, "--resume",
+                                "--lr_schedule", "wsd", "--eval_every", "0")
+    assert code == 0, err
+    assert "the learning-rate schedule changes: at step 2" in out
