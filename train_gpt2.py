@@ -750,10 +750,9 @@ class LRSchedule:
 def resumed_schedule(ckpt, args, say):
     """The resumed run's LRSchedule. When the command line changes the schedule's settings, --schedule_change
     says what becomes of it from the resume step: recompute (the new settings' schedule, as if the run had always
-    had them: the rate may jump), stretch (from the rate it has now, down to the new minimum at the new
+    had them, from where an earlier resume moved it if one did: the rate may jump), stretch (from the rate it has now, down to the new minimum at the new
     --max_steps, in the new shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
-    saved = {"lr_schedule": "cosine", **ckpt.get("args", {})}  # a run from before --lr_schedule: a cosine's
-    moved = ckpt.get("schedule", {"start": 0, "start_lr": None})
+    saved, moved = arguments.saved_arguments(ckpt), ckpt.get("schedule", {"start": 0, "start_lr": None})
     if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
         raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
                         "it is damaged or not a checkpoint of train_gpt2.py")
@@ -761,13 +760,13 @@ def resumed_schedule(ckpt, args, say):
     if before.settings == LRSchedule.of(args).settings:
         return LRSchedule.of(args, **moved)
     step = ckpt["step"] + 1
-    now = LRSchedule.of(args, **{"recompute": {}, "restart": dict(start=step),
+    now = LRSchedule.of(args, **{"recompute": moved, "restart": dict(start=step),
                                  "stretch": dict(start=step, start_lr=before(step))}[args.schedule_change])
     shape = "a cosine" if args.lr_schedule == "cosine" else "the rate held, then a straight line"
-    what = {"recompute": "the schedule of the new settings from step 0 (--schedule_change stretch continues from "
-                         "the rate it has, restart warms up again)",
+    what = {"recompute": f"the schedule of the new settings from step {moved['start']} (--schedule_change stretch "
+                         "continues from the rate it has, restart warms up again)",
             "stretch": f"from there {shape} down to {args.max_lr * args.min_lr_frac:.4e} at step {args.max_steps}",
-            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {shape} down to step "
+            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {shape} to step "
                        f"{args.max_steps}"}[args.schedule_change]
     say(f"--resume: the learning-rate schedule changes: at step {step} the rate is {now(step):.4e} "
         f"({before(step):.4e} under the checkpoint's settings); {what}")
@@ -815,14 +814,14 @@ def setup_distributed(device_arg):
 # Training
 
 
-def train(args, config, ckpt=None, ckpt_path=None, lr_schedule=None):
+def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
     ddp, rank, local_rank, world_size, device = setup_distributed(args.device)
     device_type = device.split(":")[0]
     dtype = pick_dtype(args.dtype, device_type)
     autocast = autocast_context(device_type, dtype)
     with Run(args, ddp, rank, device) as run:  # console, log.txt, checkpoints, the ranks' agreement
-        setup = set_up(args, config, ckpt, ckpt_path, lr_schedule or LRSchedule.of(args), run, ddp, rank, local_rank,
-                       world_size, device, dtype)
+        setup = set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype)
+        # the training step's pieces by their lecture names; the evaluations' stay setup's
         model, raw_model, optimizer, scaler = setup.model, setup.raw_model, setup.optimizer, setup.scaler
         train_loader, tokens_seen = setup.train_loader, setup.tokens_seen
         tokenizer = get_tokenizer() if args.sample_every else None
@@ -866,7 +865,7 @@ def train(args, config, ckpt=None, ckpt_path=None, lr_schedule=None):
             loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
             scaler.unscale_(optimizer)
             norm = clip_grad_norm(raw_model, args.grad_clip)
-            lr = setup.lr_schedule(step)
+            lr = lr_schedule(step)
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # Muon's: --muon_lr / --max_lr
             finite = bool(torch.isfinite(loss_accum)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
@@ -890,7 +889,7 @@ def train(args, config, ckpt=None, ckpt_path=None, lr_schedule=None):
 
 @dataclass
 class TrainingSetup:
-    """What set_up() builds for the loop (each field defaults to None, so that one more can go anywhere)."""
+    """What set_up() builds for the loop (every field has a default, so that one more can go anywhere)."""
     model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
     eval_model: nn.Module = None  # compiled, not wrapped: validation and HellaSwag run on every rank alone
     raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
@@ -899,7 +898,6 @@ class TrainingSetup:
     train_loader: object = None  # a DataLoaderLite, or the shuffled one
     val_loader: object = None  # None when --eval_every is 0
     score_hellaswag: object = None  # model -> this rank's share of HellaSwag scored; None when it is off
-    lr_schedule: object = None  # an LRSchedule: the rate of each step
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
 
@@ -963,27 +961,26 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
-                         lr_schedule=lr_schedule, start_step=start_step, tokens_seen=tokens_seen)
+                         start_step=start_step, tokens_seen=tokens_seen)
 
 
-def model_config(args, ckpt):
-    """The model this run trains: the checkpoint's when resuming, the weights' with --init_from (read before
-    loading them; a model flag that asks for another is refused), else the --model preset's shape with the
-    model flags (GPTConfig's fields, from the command line or the --recipe) over it."""
-    if ckpt is None and args.init_from == "scratch":
+def model_config(args, saved_config=None):
+    """The model this run trains: the checkpoint's when resuming (saved_config), the weights' with --init_from
+    (read before loading them; a model flag that asks for another is refused), else the --model preset's shape
+    with the model flags (GPTConfig's fields, from the command line or the --recipe) over it."""
+    if saved_config is None and args.init_from == "scratch":
         config = config_from_flags(GPTConfig, args, MODEL_PRESETS[args.model])
         if config.vocab_size < GPT2_VOCAB_SIZE:
             raise UserError(f"--vocab_size {config.vocab_size}: the GPT-2 tokenizer makes {GPT2_VOCAB_SIZE} token "
                             f"ids, each needs a row; give {GPT2_VOCAB_SIZE} or more")
         return config
-    if ckpt is not None:
-        config = checkpoint_config(ckpt, "checkpoint", GPTConfig)
-    else:
+    config = saved_config
+    if config is None:
         config = pretrained_config(args.init_from)
         refuse_another_model(config, args, f"--init_from {args.init_from}", "drop the flags (the weights bring it)")
         arguments.check_init_from_recipe(args, config)
     if args.seq_len > config.block_size:
-        source = "the checkpoint" if ckpt is not None else f"--init_from {args.init_from}"
+        source = "the checkpoint" if saved_config is not None else f"--init_from {args.init_from}"
         raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
                         f"give --seq_len {config.block_size} or less")
     return config
@@ -1171,14 +1168,13 @@ def main(argv=None):
     args = parse_args(argv)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
-    ckpt_path, ckpt = None, None
+    ckpt_path, ckpt, saved_config = None, None, None
     if args.resume and not args.overwrite:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master, check_resumable)
         if ckpt is not None:
-            saved_args = ckpt.get("args", {})
+            saved_args, saved_config = arguments.saved_arguments(ckpt), checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
-            arguments.check_resume_args(args, saved_args, master, checkpoint_config(ckpt, ckpt_path, GPTConfig),
-                                        MODEL_PRESETS, RECIPES)
+            arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES)
         else:
             say(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir) and not args.overwrite:
@@ -1193,10 +1189,11 @@ def main(argv=None):
                         f"{torch.__version__}); upgrade torch, or use --optimizer adamw")
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
-    config = model_config(args, ckpt)
+    config = model_config(args, saved_config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    train(args, config, ckpt, ckpt_path, resumed_schedule(ckpt, args, say) if ckpt is not None else None)
+    lr_schedule = resumed_schedule(ckpt, args, say) if ckpt is not None else LRSchedule.of(args)
+    train(args, config, lr_schedule, ckpt, ckpt_path)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from train_gpt2 import (GPT2_VOCAB_SIZE, MODEL_PRESETS, GPT, GPTConfig, autocast_context, export_hf, hf_to_our_state_dict,  # noqa: E402
-                        pick_device, run_cli)
+from nanogpt.cli import run_cli  # noqa: E402
+from nanogpt.hf import export_hf, hf_to_our_state_dict  # noqa: E402
+from nanogpt.runtime import autocast_context, pick_device  # noqa: E402
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE  # noqa: E402
+from train_gpt2 import MODEL_PRESETS, GPT, GPTConfig  # noqa: E402
 
 
 def int_list(text):

@@ -46,11 +46,12 @@ def reset_peak():
 def worker(argv):
     """One torchrun process: train_gpt2's run, with the peaks taken around gathered_state_dicts."""
     sys.path.insert(0, ROOT)
-    import common
     import train_gpt2
+    from nanogpt import run
+    from nanogpt.cli import run_cli
 
     peaks = []  # (phase, kB), in order
-    gather, summary = train_gpt2.gathered_state_dicts, train_gpt2.run_summary
+    gather, summary = run.gathered_state_dicts, run.run_summary
 
     def measured_gather(*args, **kwargs):
         peaks.append(("after" if peaks else "train", peak_rss_kb()))
@@ -66,8 +67,8 @@ def worker(argv):
               file=sys.stderr, flush=True)
         return summary(*args, **kwargs)
 
-    train_gpt2.gathered_state_dicts, train_gpt2.run_summary = measured_gather, measured_summary
-    common.run_cli(lambda: train_gpt2.main(argv))
+    run.gathered_state_dicts, run.run_summary = measured_gather, measured_summary  # where Run looks them up
+    run_cli(lambda: train_gpt2.main(argv))
 
 
 def run_mode(mode, args, data, work):

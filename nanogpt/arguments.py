@@ -23,9 +23,16 @@ FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": 
                  "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
-# what a resumed run cannot change beside its model (GPTConfig's fields): its optimizer, the batch, and the data
-# order (--seed draws each epoch's shuffle)
-SHAPE_ARGS = ("model", "recipe", "optimizer", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
+# what a resumed run cannot change beside its model (GPTConfig's fields): its preset and recipe, its optimizer, the
+# batch, and the data order (--seed draws each epoch's shuffle)
+FIXED_ARGS = ("model", "recipe", "optimizer", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
+# what a checkpoint written before a flag existed ran with: the flag's value then
+FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
+
+
+def saved_arguments(ckpt):
+    """A training checkpoint's arguments, with the value each flag added since it was written had then."""
+    return {**FLAGS_BEFORE, **ckpt.get("args", {})}
 
 
 def check_args(args, run_presets):
@@ -54,6 +61,10 @@ def check_args(args, run_presets):
     if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":
         raise UserError(f"--warmdown_frac does nothing with --lr_schedule {args.lr_schedule} (it is wsd's); "
                         "add --lr_schedule wsd, or drop it")
+    if args.lr_schedule == "wsd" and args.warmdown_frac and round(args.warmdown_frac * args.max_steps) < 2:
+        raise UserError(f"--warmdown_frac {args.warmdown_frac} of --max_steps {args.max_steps} is "
+                        f"{round(args.warmdown_frac * args.max_steps)} step(s) of warm-down: too few for the rate to go "
+                        "down; give a larger --warmdown_frac, or 0 to hold the rate to the end")
     for name in ("max_lr", "weight_decay", "muon_lr"):  # beyond this, the fp32 arithmetic overflows mid-run
         if getattr(args, name) > LARGEST_RATE:
             usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
@@ -130,9 +141,10 @@ def estimated_bytes(config, n_params, B, T, dtype):
     """A low estimate of the memory one training process needs for a model of config's shape with n_params
     parameters: fp32 weights, gradients and AdamW's two moments, activations kept for backward (~34 values
     per layer, token and channel, as in Korthikanti et al. without attention scores, which SDPA does not
-    keep) and the logits with the fp32 copies cross-entropy makes of them."""
+    keep; the MLP's share grows with its hidden width) and the logits with the fp32 copies cross-entropy makes of them."""
     act = 2 if dtype in ("bf16", "fp16") else 4
-    return (16 * n_params + config.n_layer * B * T * config.n_embd * 17 * act + B * T * config.vocab_size * (act + 8))
+    per_token = 5 * config.n_embd + 3 * config.mlp_hidden  # 17 x n_embd at GPT-2's 4 x n_embd MLP
+    return 16 * n_params + config.n_layer * B * T * per_token * act + B * T * config.vocab_size * (act + 8)
 
 
 def available_memory_bytes():
@@ -189,19 +201,15 @@ def check_init_from_recipe(args, config):
 
 
 def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes):
-    """Resuming continues the same run: args are the checkpoint's settings (saved_args) with the command
-    line's over them; what the command line changes is printed. The model (saved_config, the checkpoint's
+    """Resuming continues the same run: args are the checkpoint's settings (saved_args, saved_arguments') with
+    the command line's over them; what the command line changes is printed. The model (saved_config, the checkpoint's
     GPTConfig), the optimizer, the batch and the data order cannot change. model_presets, recipes:
     train_gpt2's MODEL_PRESETS and RECIPES; a --model given is compared by its shape (with the shape flags
     given beside it), a --recipe by the settings it stands for (--recipe modern resumes a run started as
     --arch llama --optimizer muon)."""
     again = "drop the flag to resume, or use another --log_dir for a new run"
     refuse_another_model(saved_config, args, "the checkpoint's model", again)
-    if "no_shuffle" not in saved_args:  # a checkpoint from before shuffling read the fixed order
-        saved_args = {**saved_args, "no_shuffle": True}
-        args.no_shuffle = True
-    # a checkpoint from before the options beyond GPT-2: GPT-2's architecture, AdamW; the model as it is
-    saved_args = {"recipe": "gpt2", "optimizer": "adamw", **saved_args, **asdict(saved_config)}
+    saved_args = {**saved_args, **asdict(saved_config)}  # the model as the checkpoint has it
     if "model" in args.explicit and saved_args.get("init_from", "scratch") == "scratch":
         shape = {k: saved_args[k] for k in ("n_layer", "n_head", "n_embd")}
         asked = {**model_presets[args.model], **{k: getattr(args, k) for k in shape if k in args.explicit}}
@@ -219,7 +227,7 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
     for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
-        if name in SHAPE_ARGS:
+        if name in FIXED_ARGS:
             raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; {again}")
         if master:
             print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")

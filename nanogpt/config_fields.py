@@ -10,22 +10,17 @@ from dataclasses import field, fields
 
 from nanogpt.cli import INT_MAX, UserError
 
-TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # a field's type, were it written as a string
 
-
-def option(default, help, flag=None, choices=None, archs=None):
+def option(default, help_text, flag=None, choices=None, archs=None):
     """A field of GPTConfig: its default (None: the config works it out from its other fields), the help of its
-    flag, and where they apply: flag, the flag that sets the field instead of --<name> (block_size: --seq_len);
-    choices, its only values; archs, the architectures it is an option of (given with another, refused)."""
-    return field(default=default, metadata=dict(help=help, flag=flag, choices=choices, archs=archs))
-
-
-def field_type(f):
-    return TYPES.get(f.type, f.type) if isinstance(f.type, str) else f.type
+    flag, and where they apply: flag, the run flag that sets the field instead of --<name> (block_size:
+    --seq_len, which that flag's own checks hold on --resume and --init_from); choices, its only values; archs,
+    the architectures it is an option of (given with another, refused)."""
+    return field(default=default, metadata=dict(help=help_text, flag=flag, choices=choices, archs=archs))
 
 
 def flag_fields(config_class):
-    """The fields that are flags by their own name (not block_size, which --seq_len sets)."""
+    """The fields that are flags of their own name (not block_size, which --seq_len sets)."""
     return [f for f in fields(config_class) if not f.metadata.get("flag")]
 
 
@@ -33,17 +28,32 @@ def add_config_flags(group, config_class):
     """A flag for each field: --<name> VALUE, or --<name> / --no_<name> for a bool. Every default is None (not
     given): the field then takes the value of the --model preset, the --recipe, or the config's own default."""
     for f in flag_fields(config_class):
-        kind, default = field_type(f), f.default
-        said = "" if default is None or "default" in f.metadata["help"] else (
-            f" (default: {'on' if default else 'off'})" if kind is bool else f" (default: {default})")
-        help = f.metadata["help"] + said
-        if f.metadata.get("archs"):
-            help = f"{'/'.join(f.metadata['archs'])}: {help}"
-        if kind is bool:
-            group.add_argument(f"--{f.name}", dest=f.name, action="store_true", default=None, help=help)
+        said = "" if f.default is None or "default" in f.metadata["help"] else (
+            f" (default: {'on' if f.default else 'off'})" if f.type is bool else f" (default: {f.default})")
+        text = f.metadata["help"] + said
+        if f.metadata["archs"]:
+            text = f"{'/'.join(f.metadata['archs'])}: {text}"
+        if f.type is bool:
+            group.add_argument(f"--{f.name}", dest=f.name, action="store_true", default=None, help=text)
             group.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=f"the opposite of --{f.name}")
         else:
-            group.add_argument(f"--{f.name}", type=kind, default=None, choices=f.metadata.get("choices"), help=help)
+            group.add_argument(f"--{f.name}", type=f.type, default=None, choices=f.metadata["choices"], help=text)
+
+
+def spelt(f, args):
+    """A config flag as the command line gave it: `--n_layer 8`, `--no_qk_norm`."""
+    name = f.metadata["flag"] or f.name
+    flag = args.given_as.get(name, f"--{name}")
+    return flag if f.type is bool else f"{flag} {getattr(args, name)}"
+
+
+def refuse_foreign_options(config_class, args, arch):
+    """A config flag given on the command line for an architecture it is not an option of: one line."""
+    for f in fields(config_class):
+        archs = f.metadata["archs"]
+        if archs and arch not in archs and (f.metadata["flag"] or f.name) in args.explicit:
+            raise UserError(f"{spelt(f, args).split()[0]} is an option of --arch {' or '.join(archs)}; --arch {arch} "
+                            f"has no such setting: add --arch {archs[0]}, or drop it")
 
 
 def config_from_flags(config_class, args, base):
@@ -51,18 +61,11 @@ def config_from_flags(config_class, args, base):
     value over it, each field from the flag of its name (block_size from its `flag`). A flag given on the
     command line for an architecture it is not an option of is refused; one a --recipe implies for another
     architecture is passed over. Values out of range: one line naming the flag."""
+    refuse_foreign_options(config_class, args, args.arch)
     values = dict(base)
-    arch = getattr(args, "arch", None)
     for f in fields(config_class):
-        value = getattr(args, f.metadata.get("flag") or f.name, None)
-        if value is None:
-            continue
-        archs = f.metadata.get("archs")
-        if archs and arch not in archs:
-            if f.name in args.explicit:
-                spelt = args.given_as.get(f.name, f"--{f.name}")
-                raise UserError(f"{spelt} is an option of --arch {' or '.join(archs)}; --arch {arch} has no such "
-                                f"setting: add --arch {archs[0]}, or drop it")
+        value = getattr(args, f.metadata["flag"] or f.name, None)
+        if value is None or (f.metadata["archs"] and args.arch not in f.metadata["archs"]):
             continue
         check_value(f, value)
         values[f.name] = value
@@ -71,11 +74,10 @@ def config_from_flags(config_class, args, base):
 
 def check_value(f, value):
     """Counts from 1 to INT_MAX, finite floats: anything else is a typo, or overflows torch's C integers."""
-    name = f.metadata.get("flag") or f.name
-    kind = field_type(f)
-    if kind is int and not 1 <= value <= INT_MAX:
+    name = f.metadata["flag"] or f.name
+    if f.type is int and not 1 <= value <= INT_MAX:
         raise UserError(f"--{name} {value}: must be a whole number from 1 to {INT_MAX}")
-    if kind is float and not math.isfinite(value):
+    if f.type is float and not math.isfinite(value):
         raise UserError(f"--{name} {value}: must be a finite number")
 
 
@@ -90,48 +92,52 @@ def make_config(config_class, values, source):
 
 def config_from_checkpoint(config_class, stored_config, source, required=()):
     """The config of a checkpoint's stored dict: its fields of the right types (ints where a float is expected
-    too), the `required` ones present; a field it lacks (a checkpoint from before the field) takes its default.
-    A dict that is not such a config is refused in one line naming the source, its unknown fields named."""
-    known = {f.name: field_type(f) for f in fields(config_class)}
+    too; None only where the field's default is None), the `required` ones present; a field it lacks (a
+    checkpoint from before the field) takes its default. A dict that is not such a config is refused in one
+    line naming the source, its unknown fields named."""
+    known = {f.name: f for f in fields(config_class)}
     if not isinstance(stored_config, dict):
         raise UserError(f"{source}: its config ({str(stored_config)[:120]}) is not a GPT shape this program can build")
     unknown = sorted(map(str, set(stored_config) - set(known)))
     if unknown:
         raise UserError(f"{source}: its config has fields this program does not know: {', '.join(unknown)}; it was "
                         "written by another version of the program, whose model this one cannot build")
-    choices = {f.name: f.metadata.get("choices") for f in fields(config_class)}
-    wrong = [k for k, v in stored_config.items()
-             if not (type(v) is known[k] or (known[k] is float and type(v) is int) or v is None)
-             or (choices[k] and v not in choices[k])]
+
+    def fits(f, v):
+        if v is None:
+            return f.default is None
+        return (type(v) is f.type or (f.type is float and type(v) is int)) and v in (f.metadata["choices"] or (v,))
+
+    wrong = [k for k, v in stored_config.items() if not fits(known[k], v)]
     missing = [k for k in required if stored_config.get(k) is None]
     if wrong or missing:
         what = f"{wrong[0]} {stored_config[wrong[0]]!r}" if wrong else f"no {missing[0]}"
         raise UserError(f"{source}: its config ({what}) is not a GPT shape this program can build")
     config = make_config(config_class, stored_config, source)
     for f in fields(config_class):  # an option of another architecture has the value the config gives it alone
-        archs = f.metadata.get("archs")
-        if archs and config.arch not in archs and getattr(config, f.name) != getattr(without(config, f.name), f.name):
+        archs = f.metadata["archs"]
+        if archs and config.arch not in archs and getattr(config, f.name) != getattr(with_default(config, f.name), f.name):
             raise UserError(f"{source}: its config has {f.name} {getattr(config, f.name)!r}, an option of --arch "
                             f"{' or '.join(archs)}, on a model of --arch {config.arch}; it is not a checkpoint this "
                             "program wrote")
     return config
 
 
-def without(config, name):
+def with_default(config, name):
     """config with the field `name` at its default (worked out from the other fields)."""
     return type(config)(**{f.name: getattr(config, f.name) for f in fields(config) if f.name != name})
 
 
 def refuse_another_model(config, args, source, fix):
     """The one check of a command line against the model a run already has (a checkpoint's, or --init_from's
-    weights'): every config flag the command line gives (args.explicit) must ask for the value config has.
-    A refusal names each such flag and what config has, and ends with `fix`."""
-    asked = [f.name for f in flag_fields(type(config))
-             if f.name in args.explicit and getattr(args, f.name) != getattr(config, f.name)]
+    weights'): every config flag the command line gives (args.explicit) must be an option of its architecture
+    and ask for the value config has. A refusal names each such flag and what config has, and ends with `fix`."""
+    refuse_foreign_options(type(config), args, config.arch)
+    asked = [f for f in flag_fields(type(config)) if f.name in args.explicit and getattr(args, f.name) != getattr(config, f.name)]
     if asked:
-        flags = " ".join(f"--{name} {getattr(args, name)}" for name in asked)
-        shown = [f.name for f in fields(config) if f.name in ("n_layer", "n_head", "n_embd", "arch") or f.name in asked]
-        raise UserError(f"{flags} conflicts with {source}, which has "
+        names = {f.name for f in asked}
+        shown = [f.name for f in fields(config) if f.name in ("n_layer", "n_head", "n_embd", "arch") or f.name in names]
+        raise UserError(f"{' '.join(spelt(f, args) for f in asked)} conflicts with {source}, which has "
                         f"{', '.join(f'{name} {getattr(config, name)}' for name in shown)}; {fix}")
 
 

@@ -186,22 +186,25 @@ def export_hf(model, out_dir, also=None):
     if cfg.arch not in EXPORTED_FIELDS:
         raise UserError(f"--export_hf: no transformers class computes --arch {cfg.arch}; the architectures that "
                         f"export are {', '.join(EXPORTED_FIELDS)}")
-    kind = ("GPT2LMHeadModel" if cfg.arch == "gpt2" else "Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM")
-    check_exportable(cfg, EXPORTED_FIELDS[cfg.arch], f"transformers' {kind}")
-    check_export_dir(out_dir)
     vocab = min(cfg.vocab_size, GPT2_VOCAB_SIZE)
-    ours = {k: v.detach().float().cpu()[:vocab] if k in ("transformer.wte.weight", "lm_head.weight")
-            else v.detach().float().cpu() for k, v in model.state_dict().items()}
     if cfg.arch == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
+        n_inner = None if cfg.mlp_hidden == 4 * cfg.n_embd else cfg.mlp_hidden  # None: transformers' 4 x n_embd
         hf_model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=cfg.block_size, n_embd=cfg.n_embd,
-                                              n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.mlp_hidden,
+                                              n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=n_inner,
                                               activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                                               attn_pdrop=0.0, tie_word_embeddings=True))
-        sd = {k: v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v for k, v in ours.items()}
     else:
         hf_model = llama_hf_model(cfg, vocab, model.transformer.ln_f.eps)
+    kind = type(hf_model).__name__
+    check_exportable(cfg, EXPORTED_FIELDS[cfg.arch], f"transformers' {kind}")
+    check_export_dir(out_dir)
+    ours = {k: v.detach().float().cpu()[:vocab] if k in ("transformer.wte.weight", "lm_head.weight")
+            else v.detach().float().cpu() for k, v in model.state_dict().items()}
+    if cfg.arch == "gpt2":
+        sd = {k: v.t().contiguous() if k.endswith(_HF_TRANSPOSED) else v for k, v in ours.items()}
+    else:
         sd = {theirs: ours[mine] for mine, theirs in llama_names(cfg).items()}
         sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])  # tied: transformers ties on load
     missing, unexpected = hf_model.load_state_dict(sd, strict=False)

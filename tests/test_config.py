@@ -143,8 +143,22 @@ def test_init_from_is_held_to_the_weights_model_by_every_field(tmp_path, shards,
         assert_cli_error(result, f"{' '.join(extra)}", f"conflicts with --init_from {tmp_path / 'llama'}", named)
         assert not (tmp_path / "log").exists()
     code, _, err = script_cli(capsys, train_gpt2.main, *flags, "--log_dir", tmp_path / "log", "--rope_theta", "500",
-                              "--arch", "llama", "--mlp_hidden", "64")
+                              "--arch", "llama", "--mlp_hidden", "64", "--no_qk_norm")
     assert code == 0, err
+    # with GPT-2 weights (or a GPT-2 run resumed), an option of --arch llama is refused as it is from scratch, even
+    # at the value the GPT-2 has
+    gpt2_dir = tmp_path / "gpt2_hf"
+    code, _, err = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "g",
+                              "--max_steps", "1", "--eval_every", "0")
+    assert code == 0, err
+    code, _, err = script_cli(capsys, generate_tokens.main, "--checkpoint", tmp_path / "g", "--export_hf", gpt2_dir)
+    assert code == 0, err
+    for extra in (["--no_qk_norm"], ["--rope_theta", "10000"]):
+        result = script_cli(capsys, train_gpt2.main, *TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "x",
+                            "--init_from", gpt2_dir, *extra)
+        assert_cli_error(result, f"{extra[0]} is an option of --arch llama")
+        result = script_cli(capsys, train_gpt2.main, "--log_dir", tmp_path / "g", "--resume", "--max_steps", "2", *extra)
+        assert_cli_error(result, f"{extra[0]} is an option of --arch llama")
 
 
 def test_a_gpt2_with_another_mlp_width_exports_with_transformers_logits(tmp_path):
@@ -173,6 +187,7 @@ def test_an_architecture_no_export_knows_is_one_line(tmp_path):
     (dict(arch="gpt2", n_kv_head=1), "n_kv_head 1, an option of --arch llama, on a model of --arch gpt2"),
     (dict(arch="mamba"), "arch 'mamba'"),
     (dict(qk_norm=1), "qk_norm 1"),
+    (dict(rope_theta=None), "rope_theta None"),  # only a field whose default is None may be None
     (dict(dropout=0.1), "fields this program does not know: dropout"),
     (dict(n_kv_head=3), "--n_kv_head 3 does not divide --n_head 2"),
 ])

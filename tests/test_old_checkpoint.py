@@ -45,6 +45,7 @@ def test_a_checkpoint_from_before_the_wsd_schedule_was_a_cosines(tmp_path, capsy
     log_dir = str(tmp_path / "log")
     shutil.copytree(SAVED, log_dir, ignore=shutil.ignore_patterns("README.md"))
     code, out, err = script_cli(capsys, train_gpt2.main, "--data_dir", data, "--log_dir", log_dir, "--resume",
-                                "--lr_schedule", "wsd", "--eval_every", "0")
+                                "--lr_schedule", "wsd", "--warmdown_frac", "0.7", "--eval_every", "0")
     assert code == 0, err
     assert "the learning-rate schedule changes: at step 2" in out
+    assert "--resume: --lr_schedule changes from cosine to wsd" in out

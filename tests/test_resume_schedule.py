@@ -7,6 +7,8 @@ against the warmup-and-cosine schedule written out again here.
 import math
 import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,10 @@ def schedule(step, max_steps, start=0):
     if step - start < WARMUP:
         return MAX_LR * (step - start + 1) / WARMUP
     return cosine(step, MAX_LR, start + WARMUP, max_steps) if step < max_steps else MIN_LR
+
+
+def tmp_path_of(log_dir):
+    return Path(log_dir).parent
 
 
 def printed_rates(out):
@@ -65,6 +71,20 @@ def test_a_longer_run_on_resume_follows_the_schedule_chosen(interrupted, capsys,
     said = next(line for line in out.splitlines() if "learning-rate schedule changes" in line)
     assert f"at step 5 the rate is {want[5]:.4e} ({before:.4e} under the checkpoint's settings)" in said
     assert sorted(read_log(log_dir)["train"]) == list(range(20))
+
+    # a later resume that changes the settings again recomputes from where the schedule was moved
+    if choice != "recompute":
+        changed = str(tmp_path_of(log_dir) / "again")
+        shutil.copytree(log_dir, changed)
+        for name in ("model_00015.pt", "model_00019.pt"):
+            os.remove(os.path.join(changed, name))
+        code, out, err = script_cli(capsys, train_gpt2.main, *flags, "--log_dir", changed, "--resume", "--max_steps",
+                                    "30", "--schedule_change", "recompute")
+        assert code == 0, err
+        again = {"stretch": {s: cosine(s, before, 5, 30) for s in range(12, 30)},
+                 "restart": {s: schedule(s, 30, start=5) for s in range(12, 30)}}[choice]
+        assert_rates(printed_rates(out), again)
+        assert "the schedule of the new settings from step 5" in out
 
     # a later bare resume keeps the run's schedule, moved or not
     for name in ("model_00015.pt", "model_00019.pt"):
@@ -135,6 +155,8 @@ def test_a_cosine_run_resumed_as_wsd_follows_the_schedule_chosen(interrupted, ca
     (["--warmdown_frac", "0.3"], "--warmdown_frac does nothing with --lr_schedule cosine"),
     (["--lr_schedule", "wsd", "--warmdown_frac", "1.5"], "--warmdown_frac 1.5: must be from 0 to 1"),
     (["--lr_schedule", "wsd", "--warmdown_frac", "-0.1"], "--warmdown_frac -0.1: must be a finite number >= 0"),
+    # 0.1 of 2 steps rounds to 0 steps of warm-down: the rate would stay at --max_lr to the end
+    (["--lr_schedule", "wsd", "--warmdown_frac", "0.1"], "is 0 step(s) of warm-down: too few"),
 ])
 def test_bad_wsd_flags_are_one_line(shards, tmp_path, capsys, extra, named):
     result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
