@@ -31,7 +31,7 @@ from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_check
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import muon_with_adamw
+from nanogpt.optimizers import groups_by_role, muon_with_adamw
 from nanogpt.run import Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -60,27 +60,48 @@ class GPTConfig:
     n_head: int = option(12, "attention heads (default: the --model preset's)")
     n_embd: int = option(768, "width of the residual stream (default: the --model preset's)")
     arch: str = option("gpt2", "gpt2: the lecture's block; llama: RMSNorm, rotary positions instead of wpe, a SwiGLU "
-                               "MLP, no biases (default: the --recipe's)", choices=("gpt2", "llama"))
+                               "MLP, no biases; speedrun: the block of the GPT-2 speedruns (modded-nanogpt, nanochat), "
+                               "below (default: the --recipe's)", choices=("gpt2", "llama", "speedrun"))
     n_kv_head: int = option(None, "key/value heads, each shared by n_head // n_kv_head query heads (grouped-query "
-                                  "attention; default: n_head)", archs=("llama",))
-    qk_norm: bool = option(False, "RMSNorm on each head's queries and keys before the rotation (as Qwen3)",
-                           archs=("llama",))
-    rope_theta: float = option(10000.0, "the base of the rotary positions", archs=("llama",))
-    mlp_hidden: int = option(None, "the MLP's hidden width (default: 4 x n_embd; llama's SwiGLU: a multiple of 64 "
-                                   "near 8/3 x n_embd)")
+                                  "attention; default: n_head)", archs=("llama", "speedrun"))
+    qk_norm: bool = option(None, "RMSNorm on each head's queries and keys before the rotation (as Qwen3; default: "
+                                 "llama off, speedrun on)", archs=("llama", "speedrun"))
+    rope_theta: float = option(10000.0, "the base of the rotary positions", archs=("llama", "speedrun"))
+    mlp_act: str = option(None, "the MLP: gelu (GPT-2's, tanh approximation), swiglu (llama's: silu(x W_gate) * x W_fc) "
+                                "or relu2 (ReLU squared; the speedrun's) (default: the architecture's)",
+                          choices=("gelu", "swiglu", "relu2"))
+    mlp_hidden: int = option(None, "the MLP's hidden width (default: 4 x n_embd; swiglu: a multiple of 64 near 8/3 x "
+                                   "n_embd)")
     tie_embeddings: bool = option(None, "the output head is the token embedding (default: untied, docs/recipes.md; "
-                                        "GPT-2's always is)", archs=("llama",))
+                                        "GPT-2's always is)", archs=("llama", "speedrun"))
+    zero_init: bool = option(None, "the blocks' output projections start at zero, so each block starts as the "
+                                   "identity (default: speedrun on)")
+    logit_softcap: float = option(None, "logits become c * tanh(logits / c) for this c; 0: off (default: speedrun 15)")
+    x0_mix: bool = option(None, "before every block x = a_i * x + b_i * x0, x0 the normed token embedding, a_i and "
+                                "b_i learned per layer (default: on)", archs=("speedrun",))
+    value_embeds: bool = option(None, "embeddings of the tokens added into the values of every other layer's "
+                                      "attention, through a learned gate per head (default: on)", archs=("speedrun",))
+    unet_skips: bool = option(None, "the first half's block outputs added into the mirrored second-half blocks' inputs "
+                                    "with learned weights (default: on)", archs=("speedrun",))
 
     def __post_init__(self):
-        gpt2 = self.arch == "gpt2"
+        gpt2, speedrun = self.arch == "gpt2", self.arch == "speedrun"
         if self.vocab_size is None:
             self.vocab_size = PADDED_VOCAB_SIZE if gpt2 else GPT2_VOCAB_SIZE
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
+        if self.mlp_act is None:
+            self.mlp_act = {"gpt2": "gelu", "llama": "swiglu", "speedrun": "relu2"}[self.arch]
         if self.mlp_hidden is None:
-            self.mlp_hidden = 4 * self.n_embd if gpt2 else max(64, 64 * round(8 * self.n_embd / 3 / 64))
+            swiglu = self.mlp_act == "swiglu"
+            self.mlp_hidden = max(64, 64 * round(8 * self.n_embd / 3 / 64)) if swiglu else 4 * self.n_embd
         if self.tie_embeddings is None:
             self.tie_embeddings = gpt2
+        if self.logit_softcap is None:
+            self.logit_softcap = 15.0 if speedrun else 0.0
+        for name in ("qk_norm", "zero_init", "x0_mix", "value_embeds", "unet_skips"):  # the speedrun's, on by default
+            if getattr(self, name) is None:
+                setattr(self, name, speedrun)
         # what no model can be built of (a ValueError: nanogpt.config_fields says it in one line)
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "mlp_hidden"):
             if getattr(self, name) < 1:
@@ -97,6 +118,8 @@ class GPTConfig:
         if not self.rope_theta >= 1 or not math.isfinite(self.rope_theta):
             raise ValueError(f"--rope_theta {self.rope_theta}: must be a finite number >= 1 (Llama's is 10000 or "
                              "500000)")
+        if self.logit_softcap < 0:
+            raise ValueError(f"--logit_softcap {self.logit_softcap}: must be 0 (off) or more")
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.
@@ -114,7 +137,16 @@ RUN_PRESETS = {
                  eval_every=10, val_steps=4, hellaswag_every=0, sample_every=50, save_every=0),
 }
 # The architecture and optimizer beyond GPT-2's, measured against it in docs/recipes.md (flags still win).
-RECIPES = {"gpt2": dict(arch="gpt2", optimizer="adamw"), "modern": dict(arch="llama", optimizer="muon")}
+RECIPES = {
+    "gpt2": dict(arch="gpt2", optimizer="adamw"),
+    "modern": dict(arch="llama", optimizer="muon"),
+    # the GPT-2 speedruns' block and optimizer set-up (modded-nanogpt, nanochat): Muon with momentum warm-up on the
+    # blocks' matrices, AdamW on the embeddings (high), head (low) and scalars at their own rates, warm-up / stable /
+    # decay, no clipping; rates chosen at 8 x 256 on the CPU (docs/recipes.md)
+    "speedrun": dict(arch="speedrun", optimizer="muon", muon_lr=0.02, muon_momentum_warmup=100, max_lr=3e-3,
+                     embed_lr=0.3, head_lr=0.008, scalar_lr=0.04, weight_decay=0.0, grad_clip=0.0, warmup_steps=40,
+                     lr_schedule="wsd", warmdown_frac=0.4, min_lr_frac=0.05),
+}
 MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
@@ -177,23 +209,23 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
-        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd)
+        bias = config.arch == "gpt2"  # the other architectures have none
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=bias)
+        self.act = nn.GELU(approximate="tanh") if config.mlp_act == "gelu" else ReLUSquared()  # GPT-2's: tanh GELU
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=bias)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        gpt2 = config.arch == "gpt2"  # or llama's pieces, further down
-        self.ln_1 = norm(config)
-        self.attn = CausalSelfAttention(config, layer_idx) if gpt2 else LlamaAttention(config, layer_idx)
+        self.ln_1 = norm(config)  # the other architectures' pieces are further down
+        self.attn = CausalSelfAttention(config, layer_idx) if config.arch == "gpt2" else LlamaAttention(config, layer_idx)
         self.ln_2 = norm(config)
-        self.mlp = MLP(config) if gpt2 else SwiGLU(config)
+        self.mlp = SwiGLU(config) if config.mlp_act == "swiglu" else MLP(config)
 
     def forward(self, x, kv_cache=None):
         x = x + self.attn(self.ln_1(x), kv_cache)
@@ -202,15 +234,18 @@ class Block(nn.Module):
 
 
 def norm(config, size=None):
-    """GPT-2's LayerNorm, or llama's RMSNorm (a learned gain, no bias)."""
+    """GPT-2's LayerNorm, or llama's RMSNorm (a learned gain, no bias), or the speedrun's (no gain either)."""
     size = size or config.n_embd
-    return nn.LayerNorm(size) if config.arch == "gpt2" else nn.RMSNorm(size, eps=RMS_EPS)
+    if config.arch == "gpt2":
+        return nn.LayerNorm(size)
+    return nn.RMSNorm(size, eps=RMS_EPS, elementwise_affine=config.arch == "llama")
 
 
 class GPT(nn.Module):
     # --recompute (activation checkpointing): in training, keep only each Block's input and run the
     # Block again during backward (torch.utils.checkpoint): less memory, ~1/3 more compute, the same numbers
     recompute = False
+    block_class = Block  # SpeedrunGPT's blocks take one more input
 
     def __init__(self, config):
         super().__init__()
@@ -220,11 +255,12 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 **positions,  # learned positions; llama rotates queries and keys instead
-                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                h=nn.ModuleList([self.block_class(config, i) for i in range(config.n_layer)]),
                 ln_f=norm(config),
             )
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = (nn.Linear(config.n_embd, config.vocab_size, bias=False) if not config.logit_softcap
+                        else SoftcappedLinear(config.n_embd, config.vocab_size, config.logit_softcap))
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -236,8 +272,8 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
             std = 0.02
-            if getattr(module, "RESIDUAL_SCALE_INIT", False):
-                std *= (2 * self.config.n_layer) ** -0.5  # each layer adds twice to the residual stream
+            if getattr(module, "RESIDUAL_SCALE_INIT", False):  # each layer adds twice to the residual stream
+                std = 0.0 if self.config.zero_init else std * (2 * self.config.n_layer) ** -0.5
             torch.nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
@@ -251,30 +287,36 @@ class GPT(nn.Module):
         """Training FLOPs per token, 6N + 12·L·H·Q·T, the formula nanoGPT and llm.c use for MFU; T is the
         length of the sequences trained on (seq_len; None: the context, block_size)."""
         cfg = self.config
-        embeddings = [] if cfg.tie_embeddings else [self.transformer.wte]  # a lookup, not a matmul
-        embeddings += [self.transformer.wpe] if "wpe" in self.transformer else []
-        n = self.num_params() - sum(e.weight.numel() for e in embeddings)
+        lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
+        n = self.num_params() - sum(w.numel() for w in lookups)  # an embedding is a lookup, not a matmul (unless tied)
         head_dim = cfg.n_embd // cfg.n_head
         return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
 
     def hidden_states(self, idx, kv_cache=None):
         """The final layer-normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx
         continues the positions the cache holds and extends it (generate's decode_step)."""
-        B, T = idx.size()
-        start = 0 if kv_cache is None else kv_cache.pos
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than the context of {self.config.block_size}")
+        T, start = idx.size(1), self.start_of(idx, kv_cache)
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # GPT-2's learned positions
             x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
         for block in self.transformer.h:
-            if self.recompute and kv_cache is None and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x, kv_cache)
+            x = self.run_block(block, x, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
+
+    def start_of(self, idx, kv_cache):
+        """The position of idx's first token: 0, or the end of what kv_cache holds; past the context a ValueError."""
+        start = 0 if kv_cache is None else kv_cache.pos
+        if start + idx.size(1) > self.config.block_size:
+            raise ValueError(f"sequence of {start + idx.size(1)} tokens is longer than the context of "
+                             f"{self.config.block_size}")
+        return start
+
+    def run_block(self, block, x, kv_cache, *extra):
+        if self.recompute and kv_cache is None and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(block, x, None, *extra, use_reentrant=False)
+        return block(x, kv_cache, *extra)
 
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
@@ -282,7 +324,7 @@ class GPT(nn.Module):
             raise ValueError(f"loss_impl {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
         if targets is not None and self.loss_impl == "chunked":
             loss = chunked_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
-                                         self.loss_chunk_size)
+                                         self.loss_chunk_size, softcap=self.config.logit_softcap)
             return None, loss
         logits = self.lm_head(x)
         loss = None
@@ -299,17 +341,23 @@ class GPT(nn.Module):
         model.load_state_dict(hf.hf_state_dict(name_or_dir, config.arch))
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None):
+    def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
+                             rates=None, momentum_warmup=0):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
         # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest.
         matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters (nanogpt.optimizers)
+            lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding)]
+            groups = groups_by_role(params, lookups, self.lm_head.weight, weight_decay, learning_rate, rates,
+                                    self.config.n_embd)
+        else:
+            decay = [p for p in params if p.dim() >= 2]
+            no_decay = [p for p in params if p.dim() < 2]
+            groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate) if matrices else adamw
+        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate, momentum_warmup) if matrices else adamw
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -387,7 +435,7 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator
 
 
 # -----------------------------------------------------------------------------
-# Beyond GPT-2: the pieces of --arch llama's Block (docs/recipes.md)
+# Beyond GPT-2: the pieces of --arch llama and --arch speedrun (docs/recipes.md)
 
 
 class Rotary(nn.Module):
@@ -425,12 +473,18 @@ class LlamaAttention(nn.Module):
         self.rotary = Rotary(self.head_dim, config.block_size, config.rope_theta)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_proj.RESIDUAL_SCALE_INIT = True
+        # speedrun: the gate of each key/value head's share of a value embedding, from the input's first channels
+        with_ve = config.value_embeds and layer_idx in value_embed_layers(config)
+        self.ve_gate = nn.Linear(VE_GATE_CHANNELS, self.n_kv_head, bias=False) if with_ve else None
 
-    def forward(self, x, kv_cache=None):
+    def forward(self, x, kv_cache=None, ve=None):
         B, T, C = x.size()
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if ve is not None:  # speedrun: a value embedding (B, T, kv_heads * head_dim) mixed in, gated in (0, 2)
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS])).transpose(1, 2)[..., None]
+            v = v + gate * ve.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         start = 0 if kv_cache is None else kv_cache.pos
         q, k = self.rotary(self.q_norm(q), start), self.rotary(self.k_norm(k), start)  # after QK-norm, as Qwen3
         y = attend(q, k, v, kv_cache, self.layer_idx)
@@ -451,6 +505,83 @@ class SwiGLU(nn.Module):
         return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
 
 
+class ReLUSquared(nn.Module):
+    def forward(self, x):
+        return F.relu(x).square()
+
+
+class SoftcappedLinear(nn.Linear):
+    """The output head with its logits squashed into (-cap, cap): cap * tanh(logits / cap) (--logit_softcap)."""
+
+    def __init__(self, in_features, out_features, cap):
+        super().__init__(in_features, out_features, bias=False)
+        self.cap = cap
+
+    def forward(self, x):
+        return self.cap * torch.tanh(super().forward(x) / self.cap)
+
+
+VE_GATE_CHANNELS = 12  # the input channels a value embedding's gate reads (nanochat's)
+
+
+def value_embed_layers(config):
+    """The layers with a value embedding: every other one, the last included (as nanochat)."""
+    return [i for i in range(config.n_layer) if i % 2 == (config.n_layer - 1) % 2]
+
+
+class SpeedrunBlock(Block):
+    def forward(self, x, kv_cache=None, ve=None):
+        x = x + self.attn(self.ln_1(x), kv_cache, ve)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class SpeedrunGPT(GPT):
+    """The GPT of --arch speedrun: llama's attention (rotary, QK-norm without gains), a ReLU² MLP, RMSNorm without
+    gains, no biases, an untied and softcapped head (all chosen by GPTConfig in the classes above), and a trunk of
+    its own: the token embedding normed (x0), mixed back in before every block with learned per-layer scalars
+    (x0_mix); the first half's block outputs added into the mirrored second half's inputs with learned weights
+    (unet_skips); value embeddings into every other layer's attention (value_embeds)."""
+
+    block_class = SpeedrunBlock
+
+    def __init__(self, config):
+        super().__init__(config)
+        n, kv_dim = config.n_layer, config.n_kv_head * (config.n_embd // config.n_head)
+        if config.x0_mix:
+            self.resid_lambdas = nn.Parameter(torch.ones(n))
+            self.x0_lambdas = nn.Parameter(torch.full((n,), 0.1))
+        if config.unet_skips:
+            self.skip_weights = nn.Parameter(torch.ones(n // 2))
+        if config.value_embeds:
+            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_dim)
+                                               for i in value_embed_layers(config)})
+            for embedding in self.value_embeds.values():
+                torch.nn.init.normal_(embedding.weight, mean=0.0, std=0.02)
+
+    def hidden_states(self, idx, kv_cache=None):
+        cfg, T, _ = self.config, idx.size(1), self.start_of(idx, kv_cache)
+        x = x0 = F.rms_norm(self.transformer.wte(idx), (cfg.n_embd,), eps=RMS_EPS)
+        skips, decoder_start = [], cfg.n_layer - cfg.n_layer // 2  # layers 0.. feed layers ..n-1, mirrored
+        for i, block in enumerate(self.transformer.h):
+            if cfg.unet_skips and i >= decoder_start:
+                x = x + self.skip_weights[i - decoder_start] * skips.pop()
+            if cfg.x0_mix:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx) if cfg.value_embeds and str(i) in self.value_embeds else None
+            x = self.run_block(block, x, kv_cache, ve)
+            if cfg.unet_skips and i < cfg.n_layer // 2:
+                skips.append(x)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        return self.transformer.ln_f(x)
+
+
+def make_gpt(config):
+    """The model of a config: SpeedrunGPT for --arch speedrun, else GPT."""
+    return (SpeedrunGPT if config.arch == "speedrun" else GPT)(config)
+
+
 # -----------------------------------------------------------------------------
 # Weights in: our checkpoints, and --init_from's transformers models
 
@@ -469,7 +600,7 @@ def pretrained_config(name_or_dir):
 def model_from_checkpoint(ckpt, source):
     """The GPT of a loaded checkpoint, its config checked first; a mismatch of the weights is raised as
     torch raises it (the caller says what it means)."""
-    model = GPT(checkpoint_config(ckpt, source, GPTConfig))
+    model = make_gpt(checkpoint_config(ckpt, source, GPTConfig))
     model.load_state_dict(strip_prefixes(ckpt["model"]))
     return model
 
@@ -505,9 +636,10 @@ def check_resumable(ckpt, path):
     config = checkpoint_config(ckpt, path, GPTConfig)
     try:
         with torch.device("meta"):
-            model = GPT(config)
+            model = make_gpt(config)
             run = ckpt.get("args", {})
-            optimizer = model.configure_optimizers(0.0, 0.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"))
+            optimizer = model.configure_optimizers(0.0, 1.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"),
+                                                   adamw_rates(run), run.get("muon_momentum_warmup", 0))
             optimizer.load_state_dict(ckpt["optimizer"])
             for p, state in optimizer.state.items():
                 if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):
@@ -914,7 +1046,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     with torch.device("meta"):  # the parameters counted without allocating them
-        n_params = GPT(config).num_params()
+        n_params = make_gpt(config).num_params()
     arguments.check_memory(config, n_params, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
@@ -928,7 +1060,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     elif args.init_from != "scratch":
         raw_model = load_model(init_from=args.init_from)
     else:
-        raw_model = GPT(config)
+        raw_model = make_gpt(config)
     raw_model.loss_impl, raw_model.recompute = args.loss_impl, args.recompute
     raw_model.to(device)
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
@@ -937,7 +1069,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if args.optimizer == "muon" and dtype == "fp16":
         raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
-    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr)
+    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
+                                               adamw_rates(args), args.muon_momentum_warmup)
     if zero:
         optimizer = zero_redundancy(optimizer)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
@@ -984,6 +1117,14 @@ def model_config(args, saved_config=None):
         raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
                         f"give --seq_len {config.block_size} or less")
     return config
+
+
+def adamw_rates(args):
+    """--embed_lr, --head_lr, --scalar_lr as configure_optimizers takes them (None: no rates by role). args: the
+    parsed flags, or a checkpoint's saved dict of them."""
+    get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
+    rates = {role: get(f"{role}_lr") for role in ("embed", "head", "scalar")}
+    return rates if any(rate is not None for rate in rates.values()) else None
 
 
 def run_header(args, device, dtype, use_compile, world_size, model):
@@ -1063,6 +1204,14 @@ def build_parser():
                    help="muon: torch.optim.Muon on the blocks' weight matrices, AdamW (at --max_lr) on the rest")
     g.add_argument("--muon_lr", type=float, default=MUON_LR,
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
+    g.add_argument("--muon_momentum_warmup", type=int, default=0,
+                   help="Muon's momentum climbs from 0.85 to 0.95 over its first N steps (0: 0.95 throughout)")
+    for role, what in (("embed", "the token and value embeddings"), ("head", "the output head")):
+        g.add_argument(f"--{role}_lr", type=float, default=None,
+                       help=f"AdamW's peak rate for {what}, at width 768, scaled by sqrt(768 / n_embd) as nanochat "
+                            "does (default: --max_lr, unscaled)")
+    g.add_argument("--scalar_lr", type=float, default=None,
+                   help="AdamW's peak rate for the 1-D parameters: gains, biases, learned scalars (default: --max_lr)")
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--batch_size", type=int, default=64, help="micro-batch size per process")
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
@@ -1158,7 +1307,7 @@ def parse_args(argv=None, saved_args=None):
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in arguments.RUN_LOCAL_ARGS})
     else:
-        parser.set_defaults(**RUN_PRESETS.get(given.model, {}), **RECIPES[given.recipe])
+        parser.set_defaults(**{**RECIPES[given.recipe], **RUN_PRESETS.get(given.model, {})})  # a laptop's sizes win
     args = parser.parse_args(argv)
     args.explicit, args.given_as = given.explicit, given.given_as
     return args

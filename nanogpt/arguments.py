@@ -25,7 +25,8 @@ LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their produ
 RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
 # what a resumed run cannot change beside its model (GPTConfig's fields): its preset and recipe, its optimizer, the
 # batch, and the data order (--seed draws each epoch's shuffle)
-FIXED_ARGS = ("model", "recipe", "optimizer", "init_from", "seq_len", "total_batch_size", "no_shuffle", "seed")
+FIXED_ARGS = ("model", "recipe", "optimizer", "embed_lr", "head_lr", "scalar_lr", "init_from", "seq_len",
+              "total_batch_size", "no_shuffle", "seed")
 # what a checkpoint written before a flag existed ran with: the flag's value then
 FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
 
@@ -39,7 +40,7 @@ def check_args(args, run_presets):
     """Refuse settings that cannot work before any work is done (run_presets: train_gpt2's RUN_PRESETS)."""
     counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
               "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0,
-              "max_bad_steps": 1}
+              "max_bad_steps": 1, "muon_momentum_warmup": 0}
     if args.hellaswag_limit is not None:
         counts["hellaswag_limit"] = 1
     for name, low in counts.items():
@@ -49,8 +50,9 @@ def check_args(args, run_presets):
         raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
     floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "warmdown_frac": (0, True), "weight_decay": (0, True),
               "grad_clip": (0, True), "muon_lr": (0, False)}
-    if args.peak_tflops is not None:
-        floats["peak_tflops"] = (0, False)
+    for name in ("peak_tflops", "embed_lr", "head_lr", "scalar_lr"):
+        if getattr(args, name) is not None:
+            floats[name] = (0, False)
     for name, (low, low_ok) in floats.items():
         value = getattr(args, name)
         if not math.isfinite(value) or value < low or (value == low and not low_ok):
@@ -61,12 +63,13 @@ def check_args(args, run_presets):
     if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":
         raise UserError(f"--warmdown_frac does nothing with --lr_schedule {args.lr_schedule} (it is wsd's); "
                         "add --lr_schedule wsd, or drop it")
-    if args.lr_schedule == "wsd" and args.warmdown_frac and round(args.warmdown_frac * args.max_steps) < 2:
+    asked = {"lr_schedule", "warmdown_frac"} & args.explicit  # (a recipe's on a smoke test of a few steps is let be)
+    if asked and args.lr_schedule == "wsd" and args.warmdown_frac and round(args.warmdown_frac * args.max_steps) < 2:
         raise UserError(f"--warmdown_frac {args.warmdown_frac} of --max_steps {args.max_steps} is "
                         f"{round(args.warmdown_frac * args.max_steps)} step(s) of warm-down: too few for the rate to go "
                         "down; give a larger --warmdown_frac, or 0 to hold the rate to the end")
-    for name in ("max_lr", "weight_decay", "muon_lr"):  # beyond this, the fp32 arithmetic overflows mid-run
-        if getattr(args, name) > LARGEST_RATE:
+    for name in ("max_lr", "weight_decay", "muon_lr", "embed_lr", "head_lr", "scalar_lr"):  # beyond, fp32 overflows mid-run
+        if (getattr(args, name) or 0) > LARGEST_RATE:
             usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
     for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "tensorboard_run", "wandb", "wandb_id"):
@@ -87,8 +90,9 @@ def check_args(args, run_presets):
         raise UserError(f"--optimizer muon trains with DDP only, not {'--fsdp' if args.fsdp else '--zero 1'}: Muon "
                         "orthogonalises each whole weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer "
                         "class; drop the flag, or use --optimizer adamw")
-    if "muon_lr" in args.explicit and args.optimizer != "muon":
-        raise UserError(f"--muon_lr does nothing with --optimizer {args.optimizer}; add --optimizer muon, or drop it")
+    for name in ("muon_lr", "muon_momentum_warmup"):
+        if name in args.explicit and args.optimizer != "muon":
+            raise UserError(f"--{name} does nothing with --optimizer {args.optimizer}; add --optimizer muon, or drop it")
     if args.zero and args.fsdp:
         raise UserError("--zero 1 and --fsdp do not combine (FSDP already shards the optimizer state); pick one "
                         "(when resuming, --zero 0 or --no_fsdp turns off the checkpoint's setting)")
@@ -217,8 +221,8 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
             raise UserError(f"--model {args.model} ({', '.join(f'{k} {asked[k]}' for k in shape)}) conflicts with "
                             f"the checkpoint's model ({', '.join(f'{k} {v}' for k, v in shape.items())}); {again}")
         saved_args = {**saved_args, "model": args.model}
-    if "recipe" in args.explicit:
-        implied = recipes[args.recipe]
+    if "recipe" in args.explicit:  # judged by what of it a resume cannot change: the model and the optimizer
+        implied = {k: v for k, v in recipes[args.recipe].items() if k in FIXED_ARGS or k in asdict(saved_config)}
         clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
         if clash:
             raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "

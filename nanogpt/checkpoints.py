@@ -123,7 +123,11 @@ def restore_training_state(ckpt, optimizer, scaler, train_loader, device_type, t
     if ckpt is None:
         return 0, 0
     try:
+        scales = [group.get("lr_scale") for group in optimizer.param_groups]  # this run's rates, not the file's
         load_optimizer_state(optimizer, ckpt["optimizer"], fsdp_model)
+        for group, scale in zip(optimizer.param_groups, scales):
+            if scale is not None:
+                group["lr_scale"] = scale
         train_loader.load_state_dict(ckpt["loader"])
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"]["cpu"])

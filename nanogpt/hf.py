@@ -167,12 +167,13 @@ def hf_to_our_state_dict(hf_sd):
 
 
 # What each export computes: the GPTConfig fields whose every value its transformers class holds (arch's value picks
-# the export). Any other field must have the value the config gives it from these alone (its default): a field
-# added to GPTConfig is refused by every export until it is declared here and written by the export.
+# the export; zero_init only chose how training began). Any other field must have the value the config gives it from
+# these alone (its default): a field added to GPTConfig is refused by every export until it is declared here and
+# written by the export.
 EXPORTED_FIELDS = {
-    "gpt2": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch"),
-    "llama": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "n_kv_head", "qk_norm",
-              "rope_theta", "tie_embeddings"),
+    "gpt2": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "zero_init"),
+    "llama": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "zero_init", "n_kv_head",
+              "qk_norm", "rope_theta", "tie_embeddings"),
 }
 
 

@@ -17,10 +17,11 @@ def default_loss_chunk_size(vocab_size):
     rows = max(1, 2**29 // vocab_size)
     return 1 << (rows.bit_length() - 1)
 
-def _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w):
-    """Mean cross-entropy of x @ weight.T against targets, and optionally its gradients w.r.t. x and
-    weight, computed chunk by chunk over the rows so that only (chunk_size, V) logits ever exist.
-    Under autocast the matmuls run in the autocast dtype; softmax and sums always run in >= fp32."""
+def _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w, softcap=0.0):
+    """Mean cross-entropy of x @ weight.T (squashed to softcap * tanh(logits / softcap) when softcap > 0)
+    against targets, and optionally its gradients w.r.t. x and weight, computed chunk by chunk over the rows
+    so that only (chunk_size, V) logits ever exist. Under autocast the matmuls run in the autocast dtype;
+    softmax and sums always run in >= fp32."""
     device_type = x.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
     acc = torch.promote_types(compute, torch.float32)
@@ -37,7 +38,10 @@ def _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, n
         end = min(start + chunk_size, x.size(0))
         xc, ok = xs[start:end], valid[start:end]
         tc = torch.where(ok, targets[start:end], 0)  # any in-range index for ignored rows; masked below
-        logits = (xc @ w.t()).to(acc)  # the only (rows, V) fp32 block
+        logits = (xc @ w.t()).to(acc)  # the only (rows, V) fp32 block (two with a softcap)
+        if softcap:
+            squashed = logits.div_(softcap).tanh_()  # in place: the fewest (rows, V) passes on a CPU too
+            logits = squashed * softcap
         lse = torch.logsumexp(logits, dim=1)
         target_logit = logits.gather(1, tc[:, None]).squeeze(1)
         loss_sum = loss_sum + torch.where(ok, lse - target_logit, 0.0).sum()
@@ -47,6 +51,8 @@ def _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, n
         dlogits = logits.sub_(lse[:, None]).exp_()
         dlogits.scatter_add_(1, tc[:, None], torch.full_like(lse[:, None], -1.0))
         dlogits.masked_fill_(~ok[:, None], 0.0)
+        if softcap:  # through the squash: d(softcap * tanh(z / softcap))/dz = 1 - tanh(z / softcap)^2
+            dlogits.mul_(squashed.square_().neg_().add_(1.0))
         dlogits = dlogits.to(compute)
         if need_grad_x:
             grad_x[start:end] = (dlogits @ w).to(acc) * grad_scale
@@ -67,9 +73,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     its gradient like any parameter, so a tied embedding accumulates both uses and DDP hooks fire."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w):
+    def forward(ctx, x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w, softcap):
         loss, grad_x, grad_w = _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index,
-                                                            need_grad_x, need_grad_w)
+                                                            need_grad_x, need_grad_w, softcap)
         ctx.save_for_backward(grad_x, grad_w)
         return loss
 
@@ -79,18 +85,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_x, grad_w = ctx.saved_tensors
         grad_x = grad_x * grad_loss if grad_x is not None else None
         grad_w = grad_w * grad_loss if grad_w is not None else None
-        return grad_x, grad_w, None, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None, None
 
-def chunked_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1):
+def chunked_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, softcap=0.0):
     """F.cross_entropy(x @ weight.T, targets, ignore_index=ignore_index) (mean over the targets that
     are not ignore_index) without materialising the (N, V) logits: x (N, C) are the final hidden
     states, weight (V, C) the output embedding, targets (N,). Only (chunk_size, V) logits exist at a
     time (default: default_loss_chunk_size(V)). With gradients enabled the gradients are computed
-    in the forward pass (see _ChunkedLinearCrossEntropy); without, only the loss."""
+    in the forward pass (see _ChunkedLinearCrossEntropy); without, only the loss. softcap > 0: the logits
+    squashed first, as --logit_softcap's head does."""
     if chunk_size is None:
         chunk_size = default_loss_chunk_size(weight.size(0))
     need_grad_x = torch.is_grad_enabled() and x.requires_grad
     need_grad_w = torch.is_grad_enabled() and weight.requires_grad
     if not (need_grad_x or need_grad_w):
-        return _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, False, False)[0]
-    return _ChunkedLinearCrossEntropy.apply(x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w)
+        return _linear_cross_entropy_chunks(x, weight, targets, chunk_size, ignore_index, False, False, softcap)[0]
+    return _ChunkedLinearCrossEntropy.apply(x, weight, targets, chunk_size, ignore_index, need_grad_x, need_grad_w,
+                                            softcap)

@@ -8,15 +8,18 @@ modded-nanogpt.
 import torch
 
 
+MUON_MOMENTUM = (0.85, 0.95)  # --muon_momentum_warmup's climb (modded-nanogpt's); Muon's default is the top
+
+
 class MuonWithAdamW:
     """Two optimizers the training loop uses as one: its param_groups are both's (Muon's first, each with
     an "lr_scale" that the loop multiplies the scheduled learning rate by: --muon_lr / --max_lr), step() and
     zero_grad() act on both, and state_dict() holds both (Muon's momentum buffers too), so a resumed run
-    continues exactly."""
+    continues exactly. With momentum_warmup, Muon's momentum climbs linearly over its first that many steps
+    from MUON_MOMENTUM[0] to [1]; the steps taken are then saved too."""
 
-    def __init__(self, muon, adamw):
-        self.muon, self.adamw = muon, adamw
-        self.lr_scale = [group["lr_scale"] for group in muon.param_groups]
+    def __init__(self, muon, adamw, momentum_warmup=0):
+        self.muon, self.adamw, self.momentum_warmup, self.steps = muon, adamw, momentum_warmup, 0
 
     @property
     def param_groups(self):
@@ -27,28 +30,59 @@ class MuonWithAdamW:
         return {**self.muon.state, **self.adamw.state}
 
     def step(self):
+        if self.momentum_warmup:
+            low, high = MUON_MOMENTUM
+            for group in self.muon.param_groups:
+                group["momentum"] = low + (high - low) * min(self.steps / self.momentum_warmup, 1.0)
         self.muon.step()
         self.adamw.step()
+        self.steps += 1
 
     def zero_grad(self, set_to_none=True):
         self.muon.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+        steps = {"steps": self.steps} if self.momentum_warmup else {}  # a run without the warm-up: as it always was
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict(), **steps}
 
     def load_state_dict(self, state):
         self.muon.load_state_dict(state["muon"])
         self.adamw.load_state_dict(state["adamw"])
-        for group, scale in zip(self.muon.param_groups, self.lr_scale):  # this run's --muon_lr, not the saved one
-            group["lr_scale"] = scale
+        self.steps = state.get("steps", 0)
 
 
-def muon_with_adamw(matrices, adamw, muon_lr, max_lr):
+def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0):
     """torch.optim.Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw."""
     muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr,
                             weight_decay=0.0)
-    return MuonWithAdamW(muon, adamw)
+    return MuonWithAdamW(muon, adamw, momentum_warmup)
+
+
+WIDTH_OF_RATES = 768  # --embed_lr and --head_lr are rates at this width, scaled by sqrt(768 / n_embd) (nanochat's)
+
+
+def groups_by_role(params, embeddings, head, weight_decay, max_lr, rates, n_embd):
+    """AdamW's parameter groups when a recipe gives rates by role (rates: {"embed", "head", "scalar"}, each a rate
+    or None for max_lr): the embeddings (token and value embeddings; a tied head is the token embedding) and the
+    head at their rates scaled by sqrt(WIDTH_OF_RATES / n_embd), as nanochat scales them; the 1-D parameters
+    (gains, biases, learned scalars) at theirs, undecayed; any other 2-D parameter at max_lr. Each group's
+    "lr_scale" is its rate over max_lr, the factor the loop multiplies the scheduled rate by."""
+    width = (WIDTH_OF_RATES / n_embd) ** 0.5
+
+    def role(p):
+        if any(p is e for e in embeddings):
+            return "embed"
+        return "head" if p is head else "scalar" if p.dim() < 2 else "matrix"
+
+    groups = []
+    for name in ("matrix", "embed", "head", "scalar"):
+        members = [p for p in params if role(p) == name]
+        rate = max_lr if name == "matrix" or rates.get(name) is None else rates[name] * (1.0 if name == "scalar" else width)
+        if members:
+            groups.append({"params": members, "weight_decay": 0.0 if name == "scalar" else weight_decay,
+                           "lr_scale": rate / max_lr})
+    return groups
 
 
 def rates_beside(optimizer):

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -187,3 +188,63 @@ def write_hellaswag(path, n=24):
             pick = lambda k: " ".join(words[j] for j in torch.randint(0, len(words), (k,), generator=g).tolist())  # noqa: E731
             f.write(json.dumps({"ctx": pick(8), "endings": [pick(3 + (e + i) % 5) for e in range(4)], "label": i % 4}) + "\n")
     return path
+
+
+def straight_and_resumed(tmp, extra):
+    """A 6-step run of TINY_FLAGS + extra, validated at steps 0, 2, 4 and 5 and checkpointed after steps 1, 3 and
+    5, straight; and the same run killed after step 3's checkpoint and resumed: {tmp, data, flags, straight,
+    resumed}."""
+    data = make_shards(str(tmp / "data"))
+    flags = [*TINY_FLAGS, *extra, "--data_dir", data, "--max_steps", "6", "--eval_every", "2", "--save_every", "2",
+             "--total_batch_size", "512"]
+    straight, resumed = str(tmp / "straight"), str(tmp / "resumed")
+    train_gpt2.main([*flags, "--log_dir", straight])
+    shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("model_00005.pt"))
+    train_gpt2.main([*flags, "--log_dir", resumed, "--resume"])
+    return {"tmp": tmp, "data": data, "flags": flags, "straight": straight, "resumed": resumed}
+
+
+def copy_of_run(runs, name):
+    """A copy of straight_and_resumed's straight run in a folder of its own: its path."""
+    log_dir = str(runs["tmp"] / name)
+    shutil.copytree(runs["straight"], log_dir)
+    return log_dir
+
+
+def assert_two_processes_train_like_one(runs, capsys):
+    """DDP over 2 gloo processes against one process with the same total batch (runs: straight_and_resumed's):
+    the same sums in another order (the DDP test's bounds), and the same gradient norms (averaged over the ranks,
+    not summed)."""
+    capsys.readouterr()
+    one_dir, two_dir = str(runs["tmp"] / "one"), str(runs["tmp"] / "two")
+    flags = [*runs["flags"], "--eval_every", "0", "--max_steps", "4"]
+    train_gpt2.main([*flags, "--log_dir", one_dir])
+    one_out = capsys.readouterr().out
+    both = torchrun(2, *flags, "--log_dir", two_dir)
+    assert both.returncode == 0, both.stderr[-3000:]
+    a, b = read_log(one_dir)["train"], read_log(two_dir)["train"]
+    assert a.keys() == b.keys() == set(range(4))
+    assert all(abs(a[s] - b[s]) < 1e-4 for s in a), (a, b)
+    assert_same_norms(one_out, both.stdout, range(4))
+
+
+def assert_refused_before_any_work(capsys, data, tmp_path, extra, *named, max_steps=1):
+    """A tiny run with these flags is one `error:` line naming `named`, and makes no log folder."""
+    result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", data, "--log_dir", tmp_path / "log",
+                        "--max_steps", str(max_steps), *extra)
+    assert_cli_error(result, *named)
+    assert not (tmp_path / "log").exists()
+
+
+def random_tokens(rows=2, n=32, seed=0):
+    """(rows, n) token ids of GPT-2's vocabulary, from a fixed generator."""
+    return torch.randint(0, 50257, (rows, n), generator=torch.Generator().manual_seed(seed))
+
+
+def moved_from_init(model, scale):
+    """model in eval mode, every parameter (gains, zero-initialised projections, learned scalars too) moved by
+    scale x N(0, 1) noise from where it started, so that each piece shows in the logits."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model.eval()

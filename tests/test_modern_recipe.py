@@ -9,7 +9,6 @@ uncached forward for the key/value cache.
 import dataclasses
 import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -19,8 +18,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import generate_tokens
 import hellaswag
 import train_gpt2
-from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, assert_same_norms, make_shards, read_log,
-                      run_script, script_cli, torchrun, train, write_hellaswag)
+from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, assert_same_norms,
+                      assert_two_processes_train_like_one, copy_of_run, moved_from_init, random_tokens,
+                      read_log, run_script, script_cli, straight_and_resumed, torchrun, train, write_hellaswag)
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.hf import export_hf
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
@@ -35,15 +35,11 @@ def random_llama(seed=0, **overrides):
     torch.manual_seed(seed)
     config = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, arch="llama", n_kv_head=2,
                   rope_theta=500.0, tie_embeddings=False)
-    model = train_gpt2.GPT(train_gpt2.GPTConfig(**{**config, **overrides})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    return moved_from_init(train_gpt2.GPT(train_gpt2.GPTConfig(**{**config, **overrides})), 0.05)
 
 
 def tokens(n=32, rows=2, seed=0):
-    return torch.randint(0, GPT2_VOCAB_SIZE, (rows, n), generator=torch.Generator().manual_seed(seed))
+    return random_tokens(rows, n, seed)
 
 
 # -----------------------------------------------------------------------------
@@ -114,17 +110,8 @@ def test_greedy_generation_with_the_cache_is_the_uncached_argmax():
 
 @pytest.fixture(scope="module")
 def modern_runs(tmp_path_factory, one_thread):
-    """A 6-step llama + Muon run straight (validation at steps 0, 2, 4 and 5; checkpoints after steps 1, 3
-    and 5), and the same run killed after step 3's checkpoint and resumed."""
-    tmp = tmp_path_factory.mktemp("modern")
-    data = make_shards(str(tmp / "data"))
-    flags = [*TINY_FLAGS, *MODERN, "--data_dir", data, "--max_steps", "6", "--eval_every", "2", "--save_every", "2",
-             "--total_batch_size", "512"]
-    straight, resumed = str(tmp / "straight"), str(tmp / "resumed")
-    train_gpt2.main([*flags, "--log_dir", straight])
-    shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("model_00005.pt"))
-    train_gpt2.main([*flags, "--log_dir", resumed, "--resume"])
-    return {"tmp": tmp, "data": data, "flags": flags, "straight": straight, "resumed": resumed}
+    """A 6-step llama + Muon run straight, and killed after step 3's checkpoint and resumed."""
+    return straight_and_resumed(tmp_path_factory.mktemp("modern"), MODERN)
 
 
 def test_a_resumed_muon_run_logs_exactly_the_straight_runs_losses(modern_runs):
@@ -139,8 +126,7 @@ def test_a_resumed_muon_run_logs_exactly_the_straight_runs_losses(modern_runs):
 def test_the_recipe_flag_on_resume_is_judged_by_what_it_stands_for(modern_runs, capsys):
     """The straight run was started as --arch llama --optimizer muon: --recipe modern is the same run, --recipe
     gpt2 (--arch gpt2 --optimizer adamw) is not."""
-    log_dir = os.path.join(modern_runs["tmp"], "recipe_resume")
-    shutil.copytree(modern_runs["straight"], log_dir)
+    log_dir = copy_of_run(modern_runs, "recipe_resume")
     result = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--recipe", "gpt2")
     assert_cli_error(result, "--recipe gpt2", "conflicts with the checkpoint's arch llama, optimizer muon")
     code, _, err = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--recipe", "modern",
@@ -190,19 +176,7 @@ def test_recompute_is_the_same_llama_run(modern_runs, one_thread):
 
 @pytest.mark.slow  # torchrun or torch.compile: the full suite's
 def test_two_processes_train_like_one(modern_runs, capsys):
-    """DDP over 2 gloo processes against one process with the same total batch: the same sums in another order
-    (the DDP test's bounds), and the same gradient norms (averaged over the ranks, not summed)."""
-    capsys.readouterr()
-    one_dir, two_dir = str(modern_runs["tmp"] / "one"), str(modern_runs["tmp"] / "two")
-    flags = [*modern_runs["flags"], "--eval_every", "0", "--max_steps", "4"]
-    train_gpt2.main([*flags, "--log_dir", one_dir])
-    one_out = capsys.readouterr().out
-    both = torchrun(2, *flags, "--log_dir", two_dir)
-    assert both.returncode == 0, both.stderr[-3000:]
-    a, b = read_log(one_dir)["train"], read_log(two_dir)["train"]
-    assert a.keys() == b.keys() == set(range(4))
-    assert all(abs(a[s] - b[s]) < 1e-4 for s in a), (a, b)
-    assert_same_norms(one_out, both.stdout, range(4))
+    assert_two_processes_train_like_one(modern_runs, capsys)
 
 
 @pytest.mark.slow  # torchrun or torch.compile: the full suite's

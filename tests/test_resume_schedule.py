@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_cli_error, read_log, script_cli
+from conftest import TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, read_log, script_cli
 
 MAX_LR, MIN_LR, WARMUP = 3e-3, 3e-4, 2  # TINY_FLAGS' --max_lr and --warmup_steps; --min_lr_frac 0.1
 LR_RE = re.compile(r"step\s+(\d+)/\d+ \| loss \S+ \| lr (\S+) \|")
@@ -159,7 +159,4 @@ def test_a_cosine_run_resumed_as_wsd_follows_the_schedule_chosen(interrupted, ca
     (["--lr_schedule", "wsd", "--warmdown_frac", "0.1"], "is 0 step(s) of warm-down: too few"),
 ])
 def test_bad_wsd_flags_are_one_line(shards, tmp_path, capsys, extra, named):
-    result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", tmp_path / "log",
-                        "--max_steps", "2", *extra)
-    assert_cli_error(result, named)
-    assert not (tmp_path / "log").exists()
+    assert_refused_before_any_work(capsys, shards, tmp_path, extra, named, max_steps=2)
