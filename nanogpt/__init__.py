@@ -9,6 +9,7 @@ The plumbing of train_gpt2.py and its sibling scripts, a module per concern (doc
     shard_manifest   fineweb.py's manifest.json: what it records, resume checks  (no torch)
     train_val_split  --val_tokens' rate, quota and draw (Router); the split's report (no torch)
     hub_shards       fineweb.py --download of ready-made shards                  (no torch)
+    layers           the model's layers beyond GPT-2's: attention over a KV cache, RMSNorm, rotary, llama's, ReLU²
     loss_head        the chunked linear + cross-entropy loss head
     optimizers       torch.optim.Muon beside AdamW, as one optimizer
     config_fields    GPTConfig's fields as flags, in checkpoints, held on resume, --init_from and export (no torch)

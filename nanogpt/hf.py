@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import check_exportable
+from nanogpt.layers import RMS_EPS
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
 HF_GPT2_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -74,9 +75,9 @@ def reachable(url, timeout=3.0):
         return False
 
 
-def local_shape(folder, rms_eps):
+def local_shape(folder):
     """GPTConfig's fields of the model in a local transformers folder, from its config.json alone (cheap,
-    offline): a GPT-2, or a Llama or Qwen3 (our arch "llama", whose RMSNorm epsilon is rms_eps)."""
+    offline): a GPT-2, or a Llama or Qwen3 (our arch "llama")."""
     from transformers import AutoConfig
 
     try:
@@ -85,7 +86,7 @@ def local_shape(folder, rms_eps):
     except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
         raise UserError(f"--init_from {folder}: cannot read its config.json ({brief(e)}); "
                         "give a GPT-2, Llama or Qwen3 directory saved by save_pretrained") from None
-    return llama_shape(hf, folder, rms_eps) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
+    return llama_shape(hf, folder) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
 
 
 def gpt2_shape(hf, source):
@@ -197,7 +198,7 @@ def export_hf(model, out_dir, also=None):
                                               activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                                               attn_pdrop=0.0, tie_word_embeddings=True))
     else:
-        hf_model = llama_hf_model(cfg, vocab, model.transformer.ln_f.eps)
+        hf_model = llama_hf_model(cfg, vocab)
     kind = type(hf_model).__name__
     check_exportable(cfg, EXPORTED_FIELDS[cfg.arch], f"transformers' {kind}")
     check_export_dir(out_dir)
@@ -270,7 +271,7 @@ def rope_of(hf):
     return float(theta), params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
 
 
-def llama_shape(hf, source, rms_eps):
+def llama_shape(hf, source):
     """The shape (GPTConfig's fields) of a transformers Llama or Qwen3 config, or a one-line refusal naming
     every setting with which it computes something our llama does not."""
     get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
@@ -290,8 +291,8 @@ def llama_shape(hf, source, rms_eps):
         problems.append(f"num_key_value_heads {kv_heads} (must divide num_attention_heads {heads})")
     if rope_type != "default":
         problems.append(f"rope_type {rope_type} (ours: default)")
-    if not math.isclose(get("rms_norm_eps", rms_eps), rms_eps):
-        problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {rms_eps})")
+    if not math.isclose(get("rms_norm_eps", RMS_EPS), RMS_EPS):
+        problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {RMS_EPS})")
     if get("use_sliding_window", False):
         problems.append("use_sliding_window true")
     if problems:
@@ -318,13 +319,13 @@ def llama_names(config):
     return names
 
 
-def llama_hf_model(cfg, vocab, rms_eps):
+def llama_hf_model(cfg, vocab):
     """An empty transformers LlamaForCausalLM (Qwen3ForCausalLM with QK-norm) of our llama's config."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(vocab_size=vocab, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_hidden, num_hidden_layers=cfg.n_layer,
                   num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head, head_dim=cfg.n_embd // cfg.n_head,
-                  max_position_embeddings=cfg.block_size, rms_norm_eps=rms_eps, rope_theta=cfg.rope_theta,
+                  max_position_embeddings=cfg.block_size, rms_norm_eps=RMS_EPS, rope_theta=cfg.rope_theta,
                   hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
                   bos_token_id=GPT2_VOCAB_SIZE - 1, eos_token_id=GPT2_VOCAB_SIZE - 1)
     if cfg.qk_norm:
