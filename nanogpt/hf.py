@@ -8,6 +8,7 @@ transformers is imported only when used.
 import math
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 
@@ -84,12 +85,56 @@ def local_shape(folder):
         with quiet_transformers():
             hf = AutoConfig.from_pretrained(folder)
     except Exception as e:  # no config.json, broken JSON, a model type transformers does not know
+        if any(name.startswith("model_") and name.endswith(".pt") for name in os.listdir(folder)):
+            raise UserError(f"--init_from {folder}: it is a log folder of train_gpt2.py (model_*.pt), not a transformers "
+                            f"model; continue its run with train_gpt2.py --resume --log_dir {folder}, or load it with "
+                            f"--checkpoint {folder} (generate_tokens.py, hellaswag.py)") from None
         raise UserError(f"--init_from {folder}: cannot read its config.json ({brief(e)}); "
                         "give a GPT-2, Llama or Qwen3 directory saved by save_pretrained") from None
-    return llama_shape(hf, folder) if getattr(hf, "model_type", None) in LLAMA_TYPES else gpt2_shape(hf, folder)
+    head = untied_head(folder, hf)
+    if getattr(hf, "model_type", None) in LLAMA_TYPES:
+        return llama_shape(hf, folder, head)
+    return gpt2_shape(hf, folder, head)
 
 
-def gpt2_shape(hf, source):
+def untied_head(folder, hf):
+    """Whether a folder's weights untie the output head from the token embedding: config.json says so, or (as
+    transformers decides) it says tie_word_embeddings but the weight files hold an lm_head.weight that differs
+    from the embedding. Reads those two tensors only (lazily); a folder whose files cannot be read is judged by
+    its config, and loading it fails later with its own message."""
+    if not getattr(hf, "tie_word_embeddings", True):
+        return True
+    embedding = "model.embed_tokens.weight" if getattr(hf, "model_type", None) in LLAMA_TYPES else "transformer.wte.weight"
+    tensors = stored_tensors(folder, ("lm_head.weight", embedding))
+    return len(tensors) == 2 and not bool((tensors["lm_head.weight"] == tensors[embedding]).all())
+
+
+def stored_tensors(folder, names):
+    """{name: tensor} of those of `names` a transformers folder's weight files hold (safetensors, one file or an
+    index of shards; else pytorch_model.bin, memory-mapped), or {} where they cannot be read."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    try:
+        index = os.path.join(folder, "model.safetensors.index.json")
+        if os.path.isfile(index) or os.path.isfile(os.path.join(folder, "model.safetensors")):
+            files = json.load(open(index))["weight_map"] if os.path.isfile(index) else {}
+            found = {}
+            for name in names:
+                with safe_open(os.path.join(folder, files.get(name, "model.safetensors")), "pt") as f:
+                    if name in f.keys():
+                        found[name] = f.get_tensor(name)
+            return found
+        bin_file = os.path.join(folder, "pytorch_model.bin")
+        state = torch.load(bin_file, map_location="cpu", weights_only=True, mmap=True) if os.path.isfile(bin_file) else {}
+        return {name: state[name] for name in names if name in state}
+    except Exception:  # a damaged or foreign file: the full load reports it
+        return {}
+
+
+def gpt2_shape(hf, source, untied=False):
     """The shape (GPTConfig's fields) of a transformers GPT-2 config, or a one-line refusal naming every setting with which
     transformers' model computes something our GPT does not (so its weights would give other logits)."""
     get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
@@ -100,8 +145,9 @@ def gpt2_shape(hf, source):
     problems = []
     if get("vocab_size") < GPT2_VOCAB_SIZE:
         problems.append(f"vocab_size {get('vocab_size')} (the GPT-2 tokenizer makes {GPT2_VOCAB_SIZE} token ids)")
-    if not get("tie_word_embeddings", True):
-        problems.append("tie_word_embeddings false (an output head of its own; this GPT ties it to the embedding)")
+    if untied:
+        problems.append("an output head of its own (tie_word_embeddings false, or an lm_head.weight that differs from the "
+                        "embedding, which transformers loads untied); this GPT-2 ties the head to the embedding")
     if get("activation_function") not in TANH_GELUS:
         problems.append(f"activation_function {get('activation_function')} (this GPT: gelu_new)")
     if n_embd % n_head:
@@ -124,23 +170,35 @@ def gpt2_shape(hf, source):
 
 def hf_state_dict(name_or_dir, arch="gpt2"):
     """The weights of a transformers model (a GPT-2: hub name or local folder; a Llama or Qwen3: local
-    folder) in our GPT's layout."""
+    folder) in our GPT's layout, its head tied as transformers loads it. Weights of another shape than
+    config.json's are refused in one line naming the first; tensors the model does not use are named in a
+    warning (transformers leaves them out too)."""
     from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
     model_class = GPT2LMHeadModel if arch == "gpt2" else AutoModelForCausalLM
     try:
         with quiet_transformers():
+            options = dict(output_loading_info=True, ignore_mismatched_sizes=True)  # mismatches named below
             if os.path.isdir(name_or_dir):
-                hf_model, info = model_class.from_pretrained(name_or_dir, output_loading_info=True)
+                hf_model, info = model_class.from_pretrained(name_or_dir, **options)
             else:
-                hf_model, info = hub_gpt2(model_class, name_or_dir, output_loading_info=True)
+                hf_model, info = hub_gpt2(model_class, name_or_dir, **options)
     except UserError:
         raise
-    except Exception as e:  # missing or broken weight files, weights of another shape than config.json's
-        raise UserError(
-            f"cannot load the weights of {name_or_dir!r} ({brief(e)}); "
-            "a hub name needs network access once, or give a local directory saved by save_pretrained"
-        ) from None
+    except Exception as e:  # missing or broken weight files
+        hint = ("give a directory saved by save_pretrained" if os.path.isdir(name_or_dir)
+                else "a hub name needs network access once, or give a local directory saved by save_pretrained")
+        raise UserError(f"cannot load the weights of {name_or_dir!r} ({brief(e)}); {hint}") from None
+    if info.get("mismatched_keys"):
+        name, stored, expected = sorted(info["mismatched_keys"])[0]
+        raise UserError(f"--init_from {name_or_dir}: its weights do not fit its config.json: {name} is "
+                        f"{tuple(stored)} in the weight files, {tuple(expected)} by config.json "
+                        f"({len(info['mismatched_keys'])} tensors differ); give the config.json its weights were saved with")
+    unused = sorted(k for k in info["unexpected_keys"] if not is_mask_buffer(k))
+    if unused:
+        print(f"warning: --init_from {name_or_dir}: {len(unused)} tensors of its weight files are not part of the model "
+              f"its config.json describes (e.g. {unused[0]}); they are left out, as transformers leaves them",
+              file=sys.stderr)
     missing = sorted(k for k in info["missing_keys"] if not is_mask_buffer(k))
     if missing:  # transformers would fill them with random numbers
         kind = "GPT-2" if arch == "gpt2" else type(hf_model).__name__.removesuffix("ForCausalLM")
@@ -149,7 +207,8 @@ def hf_state_dict(name_or_dir, arch="gpt2"):
     if arch == "gpt2":
         return hf_to_our_state_dict(hf_model.state_dict())
     theirs = hf_model.state_dict()
-    ours = {mine: theirs[name] for mine, name in llama_names(hf_model.config).items()}
+    tied = hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight  # as it loaded
+    ours = {mine: theirs[name] for mine, name in llama_names(hf_model.config, tied).items()}
     ours.setdefault("lm_head.weight", ours["transformer.wte.weight"])  # tied: one tensor under both names
     return ours
 
@@ -230,9 +289,11 @@ def export_hf(model, out_dir, also=None):
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); "
-                            "free disk space or pick another folder") from None
+        from safetensors import SafetensorError  # a full disk while safetensors writes (it reports its own way)
+
+        if isinstance(e, (OSError, SafetensorError)):
+            raise UserError(f"cannot write --export_hf {out_dir} ({getattr(e, 'strerror', None) or brief(e)}); "
+                            "free disk space or pick another folder (nothing was left behind)") from None
         raise
     return kind, added
 
@@ -268,12 +329,12 @@ def rope_of(hf):
     params = getattr(hf, "rope_parameters", None) or {}
     scaling = getattr(hf, "rope_scaling", None) or {}
     theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    return float(theta), params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    return theta, params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
 
 
-def llama_shape(hf, source):
+def llama_shape(hf, source, untied=False):
     """The shape (GPTConfig's fields) of a transformers Llama or Qwen3 config, or a one-line refusal naming
-    every setting with which it computes something our llama does not."""
+    every setting with which it computes something our llama does not. untied: its weights untie the head."""
     get = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
     heads, width, kv_heads = get("num_attention_heads"), get("hidden_size"), get("num_key_value_heads")
     theta, rope_type = rope_of(hf)
@@ -281,7 +342,7 @@ def llama_shape(hf, source):
     if not GPT2_VOCAB_SIZE <= get("vocab_size") <= 50304:
         problems.append(f"vocab_size {get('vocab_size')} (not the GPT-2 tokenizer's {GPT2_VOCAB_SIZE} token ids, "
                         "which this program's data and scripts use)")
-    if get("hidden_act") != "silu":
+    if get("hidden_act") not in ("silu", "swish"):  # transformers' names of one function
         problems.append(f"hidden_act {get('hidden_act')} (ours: silu)")
     if get("attention_bias", False) or get("mlp_bias", False):
         problems.append("biases (ours has none)")
@@ -295,21 +356,29 @@ def llama_shape(hf, source):
         problems.append(f"rms_norm_eps {get('rms_norm_eps')} (ours: {RMS_EPS})")
     if get("use_sliding_window", False):
         problems.append("use_sliding_window true")
+    try:
+        theta = float(theta)
+        if not theta >= 1 or not math.isfinite(theta):
+            raise ValueError
+    except (TypeError, ValueError):
+        problems.append(f"rope_theta {theta!r} (a finite number >= 1)")
     if problems:
         raise UserError(f"--init_from {source}: a {get('model_type')} this program's llama cannot compute: "
                         f"{'; '.join(problems)}; give one exported by generate_tokens.py --export_hf")
     return dict(block_size=get("max_position_embeddings"), vocab_size=get("vocab_size"), n_layer=get("num_hidden_layers"),
                 n_head=heads, n_embd=width, arch="llama", n_kv_head=kv_heads, qk_norm=get("model_type") == "qwen3",
-                rope_theta=theta, mlp_hidden=get("intermediate_size"), tie_embeddings=bool(get("tie_word_embeddings")))
+                rope_theta=theta, mlp_hidden=get("intermediate_size"), tie_embeddings=not untied)
 
 
-def llama_names(config):
-    """{our name: transformers' name} of every weight of a llama (config: ours or transformers')."""
+def llama_names(config, tied=None):
+    """{our name: transformers' name} of every weight of a llama (config: ours or transformers'; tied: whether the
+    head is the embedding, when not the config's word)."""
     n_layer = getattr(config, "n_layer", None) or config.num_hidden_layers
     qk_norm = getattr(config, "qk_norm", None)
     qk_norm = config.model_type == "qwen3" if qk_norm is None else qk_norm
-    tied = getattr(config, "tie_embeddings", None)
-    tied = config.tie_word_embeddings if tied is None else tied
+    if tied is None:
+        tied = getattr(config, "tie_embeddings", None)
+        tied = config.tie_word_embeddings if tied is None else tied
     names = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight"}
     for i in range(n_layer):
         names.update({f"transformer.h.{i}.{ours}": f"model.layers.{i}.{theirs}"

@@ -52,19 +52,20 @@ def attend(q, k, v, kv_cache=None, layer_idx=0):
 
 class Rotary(nn.Module):
     """Rotary position embeddings (RoPE, as Llama and Qwen3 apply them): the two halves of each head's
-    vector rotated by position x theta**(-2i/head_dim); attention then sees only relative positions."""
+    vector rotated by position x theta**(-2i/head_dim); attention then sees only relative positions. The angles
+    of the positions at hand are computed at each call (T x head_dim/2 products, the very numbers a table would
+    hold), so no table of the whole context is kept: a long context costs nothing until it is used."""
 
-    def __init__(self, head_dim, block_size, theta):
+    def __init__(self, head_dim, theta):
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq).repeat(1, 2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x, start):
         """x (B, heads, T, head_dim) at positions start .. start + T - 1."""
-        T = x.size(2)
-        cos, sin = self.cos[start : start + T].to(x.dtype), self.sin[start : start + T].to(x.dtype)
+        positions = torch.arange(start, start + x.size(2), dtype=torch.float32, device=x.device)
+        angles = torch.outer(positions, self.inv_freq).repeat(1, 2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -82,7 +83,7 @@ class LlamaAttention(nn.Module):
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.q_norm = rms_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.k_norm = rms_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.rotary = Rotary(self.head_dim, config.block_size, config.rope_theta)
+        self.rotary = Rotary(self.head_dim, config.rope_theta)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_proj.RESIDUAL_SCALE_INIT = True
         # speedrun: the gate of each key/value head's share of a value embedding, from the input's first channels
