@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
 from nanogpt.files import atomic_write
-from nanogpt.runtime import autocast_context, is_out_of_memory, pick_dtype
+from nanogpt.runtime import RankZeroWork, autocast_context, is_out_of_memory, pick_dtype
 from nanogpt.tokenizer import get_tokenizer
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
@@ -116,7 +116,9 @@ def load_examples(path=None, cache_dir=None):
         raise UserError(f"HellaSwag file {path} is a folder; "
                         "give a HellaSwag-format .jsonl (or no file, to download val)")
     if not os.path.exists(path):  # not isfile: a pipe, `--data <(zcat val.jsonl.gz)`, reads as well
-        raise UserError(f"HellaSwag file {path} does not exist; "
+        shell = (" (a <(...) of the shell does not reach the processes torchrun starts: save it to a file)"
+                 if path.startswith("/dev/fd/") and "RANK" in os.environ else "")
+        raise UserError(f"HellaSwag file {path} does not exist{shell}; "
                         "give a HellaSwag-format .jsonl (or no file, to download val)")
     try:
         with open(path, "rb") as f:  # bytes, decoded line by line: an error names the line it is on
@@ -140,6 +142,20 @@ def load_examples(path=None, cache_dir=None):
     return examples
 
 
+def examples_from_rank0(path, limit, ddp, rank, device, cache_dir=None):
+    """load_examples(path)[:limit] on rank 0, shared with the other ranks under torchrun: a pipe can be read
+    once, by one process (each rank opening it hung). Rank 0's error ends every rank alike."""
+    if not ddp:
+        return load_examples(path, cache_dir)[:limit]
+    import torch.distributed as dist
+
+    rank0 = RankZeroWork(ddp, rank == 0, device)
+    shared = [rank0.do(lambda: load_examples(path, cache_dir)[:limit])]
+    rank0.agree()
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
 def examples_for_training(path, limit, rank, world_size, device, asked=True):
     """The examples the training loop scores, or None to leave HellaSwag off. A file the user gave
     must load (an error otherwise). The val split: rank 0 downloads it into the cache first, then
@@ -147,9 +163,9 @@ def examples_for_training(path, limit, rank, world_size, device, asked=True):
     collective would hang. Said on stderr when the user asked for HellaSwag, in a note otherwise."""
     import torch.distributed as dist
 
-    if path:
-        return load_examples(path)[:limit]
     ddp = world_size > 1 and dist.is_initialized()
+    if path:
+        return examples_from_rank0(path, limit, ddp, rank, device)
     examples, error = None, None
     loaded = torch.zeros((), dtype=torch.long, device=device)
     for turn in ((0,), tuple(range(1, world_size))):
@@ -200,6 +216,10 @@ def render(example, enc, style="nanogpt"):
         query = harness_preprocess(example["activity_label"] + ": " + example["ctx_a"] + " "
                                    + example["ctx_b"].capitalize())
         choices = [harness_preprocess(e) for e in example["endings"]]
+        if not all(choices):  # no characters to score or to normalise by: it would win with a loss of 0
+            raise UserError(f"{example.get('where', 'example')}: ending {choices.index('') + 1} is empty after "
+                            "lm-evaluation-harness's cleanup, so --style harness cannot score it; use --style nanogpt "
+                            "or leave the example out")
         # the harness moves trailing spaces of the context onto the continuation, encodes context +
         # continuation as one string and keeps the tokens after the context's
         stripped = query.rstrip()
@@ -363,7 +383,7 @@ def main(argv=None):
         enc = get_tokenizer()
         model = load_model(args.checkpoint, args.init_from, device)  # first: a wrong model fails before any download
         source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        examples = load_examples(args.data, args.cache_dir)[: args.limit]
+        examples = examples_from_rank0(args.data, args.limit, ddp, rank, device, args.cache_dir)
         if use_compile:
             model = torch.compile(model)
         if master:

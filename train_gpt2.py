@@ -38,8 +38,8 @@ from nanogpt.run import Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
                              pick_device, pick_dtype)
-from nanogpt.shards import (SHIPPED_TEXT_SHARDS, laptop_data_dir, list_shards, read_shard, shard_shipped_text,
-                            verify_shards)
+from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
+                            shard_shipped_text, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
 
@@ -566,6 +566,7 @@ class DataLoaderLite:
     def _load(self, shard):
         self.shard = shard
         self.tokens = read_shard(self.shards[shard])
+        self.mapped = os.stat(self.shards[shard])  # the file the map reads: next_batch checks it has not shrunk
         if shard not in self.checked:
             top = int(self.tokens.max())
             if top >= GPT2_VOCAB_SIZE:
@@ -612,6 +613,7 @@ class DataLoaderLite:
 
     def next_batch(self):
         B, T = self.B, self.T
+        check_not_shrunk(self.shards[self.shard], self.mapped)
         start = self.base + B * T * self.rank
         buf = torch.from_numpy(self._span(start, B * T + 1).astype(np.int64))
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
@@ -835,20 +837,22 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
         micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
 
         for step in range(setup.start_step, args.max_steps):
-            # once in a while evaluate: the validation loss, HellaSwag, samples (with the compiled model)
-            if setup.val_loader is not None and run.due(step, args.eval_every):
-                val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                           world_size)
-                run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
-                        f"step {step:5d} | validation loss {val_loss:.4f}")
-            if setup.score_hellaswag and run.due(step, args.hellaswag_every):
-                with autocast:
-                    result = setup.score_hellaswag(setup.eval_model)
-                run.log(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]},
-                        f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
-                        f"({result['correct_norm']}/{result['total']})")
-            if step > 0 and run.due(step, args.sample_every) and (run.master or run.fsdp):  # FSDP: every rank
-                run.say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
+            # once in a while evaluate: the validation loss, HellaSwag, samples (with the compiled model);
+            # a failure (a shard gone) first saves the last step's state, as in the step
+            with run.keeping_progress(step):
+                if setup.val_loader is not None and run.due(step, args.eval_every):
+                    val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
+                                               world_size)
+                    run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
+                            f"step {step:5d} | validation loss {val_loss:.4f}")
+                if setup.score_hellaswag and run.due(step, args.hellaswag_every):
+                    with autocast:
+                        result = setup.score_hellaswag(setup.eval_model)
+                    run.log(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]},
+                            f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
+                            f"({result['correct_norm']}/{result['total']})")
+                if step > 0 and run.due(step, args.sample_every) and (run.master or run.fsdp):  # FSDP: every rank
+                    run.say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
             # --------------- TRAINING SECTION BEGIN -----------------------------------------
             model.train()

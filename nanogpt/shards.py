@@ -21,6 +21,19 @@ SHARD_VERSION = 1
 
 SHARD_HEADER_INTS = 256  # header: 256 int32 = 1024 bytes, then the tokens as uint16
 
+def check_not_shrunk(path, mapped):
+    """A UserError if the shard at path is the file mapped (os.stat_result when it was read) truncated in place:
+    reading a map past its file's new end kills the process with SIGBUS, without a word or a checkpoint. A file
+    deleted or replaced by another is fine: the map keeps the old one."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return
+    if (now.st_dev, now.st_ino) == (mapped.st_dev, mapped.st_ino) and now.st_size < mapped.st_size:
+        raise UserError(f"{path} shrank while the run read it ({now.st_size:,} of its {mapped.st_size:,} bytes left); "
+                        "put the whole shard back (fineweb.py makes it again), then --resume")
+
+
 def write_shard(path, tokens):
     """Write tokens (ints < 65536) as a .bin shard: to a temporary name, fsync, then rename,
     so a crash never leaves a partial shard under the final name. Returns the file's sha256."""
@@ -48,6 +61,9 @@ def read_shard(path):
             raise UserError(f"{path}: a .npy shard must hold a 1-D uint16 array, found {tokens.dtype} {tokens.shape}; "
                             "re-run fineweb.py")
         return tokens
+    if not os.path.lexists(path):
+        raise UserError(f"{path}: the shard is gone (deleted or moved since the run found it); put it back, or "
+                        "make it again with fineweb.py, then --resume")
     if not os.path.isfile(path):
         raise UserError(f"{path}: not a file (a folder, or a link to nothing); remove it from the data folder")
     size = os.path.getsize(path)
