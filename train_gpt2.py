@@ -280,6 +280,7 @@ class GPT(nn.Module):
         return start
 
     def run_block(self, block, x, kv_cache, *extra):
+        """block(x, kv_cache, *extra); under --recompute in training, its activations recomputed in backward."""
         if self.recompute and kv_cache is None and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(block, x, None, *extra, use_reentrant=False)
         return block(x, kv_cache, *extra)
