@@ -28,8 +28,8 @@ from nanogpt.arguments import check_fineweb_args, count_arg, val_tokens_arg
 from nanogpt.cli import CLIParser, UserError, brief, run_cli
 from nanogpt.files import CPUS
 from nanogpt.hub_shards import download
-from nanogpt.shard_manifest import (check_resume, check_unchanged, clear_folder, output_args, read_manifest, save_json,
-                                    shard_name, split_of)
+from nanogpt.shard_manifest import (check_resume, check_unchanged, clear_folder, locked_output_dir, output_args,
+                                    read_manifest, save_json, shard_name, split_of)
 from nanogpt.shards import write_shard
 from nanogpt.text_inputs import (DEFAULT_DATASET, DEFAULT_NAME, KNOWN_TOKENS, hub_name, load_hub, read_hub, read_local,
                                  split_document, txt_cuts)
@@ -227,8 +227,14 @@ def main(argv=None):
         sys.stdout.reconfigure(line_buffering=True)
     args = build_parser().parse_marked(argv)
     check_fineweb_args(args)
-    if args.download is not None:
-        return download(args.download, args.output_dir, args.max_shards)
+    with locked_output_dir(args.output_dir):  # before the manifest is read: one run at a time writes the folder
+        if args.download is not None:
+            return download(args.download, args.output_dir, args.max_shards)
+        return tokenize_into_folder(args)
+
+
+def tokenize_into_folder(args):
+    """The input tokenized into shards in --output_dir, after the shards already there (a resume)."""
     out, old = args.output_dir, read_manifest(args.output_dir, args.overwrite)
     want = output_args(args, txt_cuts(UNIT_CHARS))
     val = val_split(args) if args.val_tokens else None
@@ -248,7 +254,6 @@ def main(argv=None):
             if pool is not None:  # fork the workers now, before this process has threads (the hub client's, ours)
                 pool.submit(int).result()
             ds = None if args.input else load_hub(args)  # before anything in the folder changes
-            os.makedirs(out, exist_ok=True)
             clear_folder(out, old and old["prefix"], manifest["shards"])
             save_json(os.path.join(out, "manifest.json"), manifest)  # before any shard: all of ours are in a manifest
             make_shards(args, manifest, ds, pool, val)

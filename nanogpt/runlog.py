@@ -4,9 +4,6 @@ of the log folder, TensorBoard and W&B, and the console's step and summary lines
 """
 
 import os
-import re
-import socket
-import stat
 import statistics
 import sys
 import time
@@ -16,7 +13,7 @@ import torch
 
 from nanogpt.checkpoints import CHECKPOINT_RE, find_checkpoints
 from nanogpt.cli import UserError, brief
-from nanogpt.files import atomic_write, temporary_of
+from nanogpt.files import atomic_write, lock_folder, temporary_of, unlock_folder
 from nanogpt.runtime import console
 
 
@@ -24,74 +21,13 @@ LOG_DIR_LOCK = "run.lock"  # in --log_dir while a run uses it; no checkpoint, lo
 
 
 def lock_log_dir(log_dir):
-    """Take the lock that keeps a second run out of log_dir while this one uses it (held until
-    unlock_log_dir or the end of the process): an open file descriptor, or None where fcntl does not
-    exist (Windows) or the file system has no locks. A folder another live run holds is refused in one
-    line, and nothing in it is changed. The kernel drops a flock when its process dies, SIGKILL
-    included, so the lock file a killed run leaves never blocks. Readers take no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    path = os.path.join(log_dir, LOG_DIR_LOCK)
-    while True:
-        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a link is never followed
-            raise UserError(f"{path} is not a regular file (a link or a folder); remove it, or give another "
-                            "--log_dir (nothing was changed)")
-        try:  # Python's descriptors are close-on-exec: a child process (W&B's service) does not hold the lock
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
-                         0o644)
-        except OSError as e:
-            raise UserError(f"cannot create {path} ({e.strerror or e}); pick another --log_dir") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # made a link or a fifo since the check above
-            os.close(fd)
-            raise UserError(f"{path} is not a regular file (a link or a folder); remove it, or give another "
-                            "--log_dir (nothing was changed)")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = lock_holder(fd)
-            os.close(fd)
-            raise UserError(f"--log_dir {log_dir} is in use by another training run{holder}; wait for it to end, "
-                            "or give another --log_dir (nothing was changed)") from None
-        except OSError as e:  # ENOLCK, EOPNOTSUPP: a file system without locks, where the file means nothing
-            os.close(fd)
-            with suppress(OSError):
-                os.remove(path)
-            print(f"warning: cannot lock --log_dir {log_dir} ({e.strerror or e}); nothing keeps a second run "
-                  "out of it", file=sys.stderr)
-            return None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the run that held it removed the file as it ended: lock the file now under that name
-    with suppress(OSError):  # who holds it, for the message of a run refused; only a courtesy (a full disk)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-    return fd
-
-
-def lock_holder(fd):
-    """' (process PID on HOST)' from a lock file's text, or '' when it does not say."""
-    with suppress(OSError):
-        m = re.fullmatch(r"(\d+) (\S+)\n", os.pread(fd, 300, 0).decode(errors="replace"))
-        if m:
-            return f" (process {m.group(1)} on {m.group(2)})"
-    return ""
+    """The lock that keeps a second run out of log_dir while this one uses it (files.lock_folder): held
+    from once the run's set-up checks have passed until unlock_log_dir or the end of the process."""
+    return lock_folder(log_dir, LOG_DIR_LOCK, "--log_dir", "another training run")
 
 
 def unlock_log_dir(log_dir, fd):
-    """Remove the lock file and release the lock: the folder is left as the run made it. Removed while
-    still held, so a run that opened the file meanwhile finds it gone and locks the new one."""
-    if fd is None:
-        return
-    path = os.path.join(log_dir, LOG_DIR_LOCK)
-    with suppress(OSError):
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            os.remove(path)
-    os.close(fd)
+    unlock_folder(log_dir, LOG_DIR_LOCK, fd)
 
 
 def check_tracking(args):

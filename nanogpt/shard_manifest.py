@@ -1,19 +1,49 @@
 """
 fineweb.py's output folder and its manifest.json: what decides a folder's shards (the arguments and the
 inputs' content), the checks a rerun passes to resume, an input that changed while it was read, clearing
-what a run leaves behind, and the shards' names. Imports no torch.
+what a run leaves behind, the shards' names, and the lock that keeps a second run out of the folder.
+Imports no torch.
 """
 
 import json
 import os
 import re
 from collections import Counter
+from contextlib import contextmanager, suppress
 
 from nanogpt.cli import UserError, brief
-from nanogpt.files import atomic_write, content_hash, temporary_of
+from nanogpt.files import atomic_write, content_hash, lock_folder, temporary_of, unlock_folder
 from nanogpt.shards import SHARD_HEADER_INTS, list_shards
 
+# in --output_dir while a run writes it: no shard's name (those hold _val_ or _train_), never in manifest.json
+OUTPUT_DIR_LOCK = "fineweb.lock"
 REPEATED_INPUT = "its documents would be tokenized twice, and could be in both validation and train; drop one of them"
+
+
+@contextmanager
+def locked_output_dir(out):
+    """The output folder, made if need be, held by this run alone while the block runs (files.lock_folder):
+    two runs into one folder would each read the manifest, then interleave their shards and manifests. A
+    second run is refused in one line before it reads or changes anything there. The folders this run made
+    are removed again if it leaves them empty (a refusal)."""
+    made, parent = [], os.path.abspath(out)
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write shards to {out} ({brief(e)}); pick another --output_dir") from None
+        lock = lock_folder(out, OUTPUT_DIR_LOCK, "--output_dir", "another fineweb.py run")
+        try:
+            yield
+        finally:
+            unlock_folder(out, OUTPUT_DIR_LOCK, lock)
+    finally:
+        for folder in made:  # the deepest first; one that is not empty stays, and so do those above it
+            with suppress(OSError):
+                os.rmdir(folder)
 
 
 def save_json(path, obj):

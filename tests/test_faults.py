@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 
@@ -17,13 +18,15 @@ import numpy as np
 import pytest
 import torch
 
+import generate_tokens
+import hellaswag
 import train_gpt2
 from nanogpt import arguments
 from nanogpt.arguments import estimated_bytes
-from nanogpt.checkpoints import find_checkpoints, load_checkpoint
+from nanogpt.checkpoints import find_checkpoints, load_checkpoint, save_checkpoint
 from nanogpt.shards import write_shard
-from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_one_line_error, make_shards, read_log, run_script, train,
-                      truncate_half, write_hellaswag)
+from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, make_shards, read_log,
+                      run_script, script_cli, train, truncate_half, write_hellaswag)
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
@@ -167,13 +170,55 @@ def test_checkpoints_that_load_but_are_not_ours(tmp_path, content):
         assert_one_line_error(run_script([*cmd, "--checkpoint", str(log_dir / "model_00005.pt"), "--device", "cpu"]), "model_00005.pt")
 
 
+def flip_exponent_bit(path, name):
+    """Flip the top bit of the exponent of tensor `name`'s first float inside the file (1.7e-4 becomes
+    5.9e34), as bit rot or a bad copy would: the byte is found by the tensor's own bytes, which the file
+    holds once. Returns (the tensor before, the float the flipped bytes make)."""
+    tensor = torch.load(path, weights_only=True)["model"][name]
+    assert tensor.dtype == torch.float32 and 0 < abs(tensor[0].item()) < 2, tensor[:4]  # bit 30 clear: it becomes huge
+    data = bytearray(open(path, "rb").read())
+    at = data.find(tensor.numpy().tobytes())
+    assert at > 0 and data.find(tensor.numpy().tobytes(), at + 1) == -1
+    data[at + 3] ^= 0x40  # little-endian: byte 3 holds the sign and the exponent's top 7 bits
+    with open(path, "wb") as f:
+        f.write(data)
+    return tensor, struct.unpack("<f", bytes(data[at : at + 4]))[0]
+
+
+def test_a_bit_flipped_in_a_checkpoints_weights_is_refused_and_resume_takes_the_one_before(shards, tmp_path, capsys,
+                                                                                          one_thread):
+    """torch.load checks no CRC: a flipped bit inside a tensor's data loads as another number. The checksum a
+    checkpoint carries finds it: sampling and HellaSwag refuse the file in one line, and --resume skips it,
+    saying so, for the checkpoint before."""
+    log_dir = str(tmp_path / "log")
+    train(shards, log_dir, "--max_steps", "3", "--eval_every", "0", "--save_every", "1")
+    damaged, before = (os.path.join(log_dir, f"model_0000{s}.pt") for s in (2, 1))
+    weights = torch.load(damaged, weights_only=True)["model"]
+    name = "transformer.h.0.ln_1.bias"
+    tensor, flipped = flip_exponent_bit(damaged, name)
+    loaded = torch.load(damaged, weights_only=True)["model"][name]  # torch.load takes the file as it is
+    assert loaded[0].item() == flipped and abs(flipped) > 1e30 and torch.equal(loaded[1:], tensor[1:])
+
+    hs = write_hellaswag(str(tmp_path / "hs.jsonl"), n=4)
+    for main, flags in ((generate_tokens.main, ["--prompt", "Hello", "--max_new_tokens", "2"]), (hellaswag.main, ["--data", hs])):
+        assert_cli_error(script_cli(capsys, main, "--checkpoint", damaged, "--device", "cpu", *flags),
+                         f"{damaged}: damaged", "use an earlier checkpoint")
+
+    capsys.readouterr()
+    train(shards, log_dir, "--max_steps", "4", "--eval_every", "0", "--save_every", "1", "--resume")
+    out, err = capsys.readouterr()
+    assert f"skipping checkpoint: {damaged}: damaged" in err and f"resuming from {before} at step 2" in out, out + err
+    again = torch.load(damaged, weights_only=True)["model"]  # step 2 run again from model_00001.pt: as the first time
+    assert all(torch.equal(again[k], weights[k]) for k in weights)
+
+
 def test_a_checkpoint_with_a_foreign_optimizer_layout(shards, tmp_path, capsys):
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "2", "--eval_every", "0")
     path = os.path.join(log_dir, "model_00001.pt")
-    ckpt = torch.load(path, weights_only=True)
+    ckpt = load_checkpoint(path)
     ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:1]  # one group where we have two
-    torch.save(ckpt, path)
+    save_checkpoint(path, ckpt)  # with its checksum: not damaged, only not ours
     with pytest.raises(train_gpt2.UserError, match="none of the 1 checkpoints"):
         train(shards, log_dir, "--max_steps", "4", "--resume")
     assert "model_00001.pt: its weights or optimizer state do not fit" in capsys.readouterr().err
@@ -378,14 +423,14 @@ def test_newer_checkpoints_that_do_not_fit_their_own_model_are_skipped(shards, t
     (another shape, another optimizer's groups, a state tensor of the wrong shape) is skipped like a truncated one."""
     log_dir = str(tmp_path / "log")
     train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "3")
-    good = torch.load(os.path.join(log_dir, "model_00005.pt"), weights_only=True)
+    good = load_checkpoint(os.path.join(log_dir, "model_00005.pt"))
     one_group = dict(good["optimizer"], param_groups=good["optimizer"]["param_groups"][:1])
     state = {i: dict(s) for i, s in good["optimizer"]["state"].items()}
     state[0]["exp_avg"] = state[0]["exp_avg"][:1]
     broken = {7: dict(good, config=dict(good["config"], n_layer=3)), 9: dict(good, optimizer=one_group),
               11: dict(good, optimizer=dict(good["optimizer"], state=state))}
     for step, ckpt in broken.items():
-        torch.save(ckpt, os.path.join(log_dir, f"model_{step:05d}.pt"))
+        save_checkpoint(os.path.join(log_dir, f"model_{step:05d}.pt"), ckpt)  # with their checksums: not damaged
     capsys.readouterr()
     train(shards, log_dir, "--max_steps", "7", "--eval_every", "0", "--resume")
     err = capsys.readouterr().err

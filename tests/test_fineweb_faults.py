@@ -14,6 +14,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import types
@@ -836,3 +837,64 @@ def test_offline_hub_is_one_line_in_a_fresh_process(tmp_path, flags):
     result = run_script(["fineweb.py", *flags, "--output_dir", str(out)], env={"HF_HUB_OFFLINE": "1"})
     assert_one_line_error(result, "network")
     assert not out.exists()
+
+
+# -----------------------------------------------------------------------------
+# 7. One run per --output_dir
+
+
+def folder_state(d):
+    """The names in d (a fifo too) and the bytes of its files."""
+    return sorted(os.listdir(d)), snapshot(d)
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_changes_nothing(tmp_path, capsys):
+    """Two runs into one folder would each read its manifest, then interleave their shards (validation
+    documents in train) and manifests. The first run here is held, as it reads the folder's manifest.json,
+    by making that a fifo that this test writes only once the second run has ended."""
+    (tmp_path / "book.txt").write_text(austen(0, 20000), encoding="utf-8")
+    first_flags = ["--input", str(tmp_path / "book.txt"), "--shard_size", "1000", "--num_proc", "1", "--overwrite"]
+    second_flags = [*first_flags[:-1], "--val_tokens", "0.2"]  # the mix the fault made: another split into one folder
+    out, alone, second_alone = tmp_path / "out", tmp_path / "alone", tmp_path / "second_alone"
+    assert fineweb_cli(capsys, *first_flags, "--output_dir", alone)[0] == 0  # what the first run makes on its own
+    assert fineweb_cli(capsys, *second_flags, "--output_dir", second_alone)[0] == 0
+    out.mkdir()
+    os.mkfifo(out / "manifest.json")
+    first = subprocess.Popen([sys.executable, "fineweb.py", *first_flags, "--output_dir", str(out)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
+    try:
+        with open(out / "manifest.json", "w") as manifest:  # returns once the first run has opened it to read
+            before = folder_state(out)
+            # not refused, the second run would read the fifo too, and wait for this test: the timeout ends it
+            second = run_script(["fineweb.py", *second_flags, "--output_dir", str(out)], timeout=120)
+            assert_one_line_error(second, f"error: --output_dir {out} is in use by another fineweb.py run "
+                                          f"(process {first.pid} on {socket.gethostname()}); wait for it to end")
+            assert second.returncode == 2 and folder_state(out) == before
+            manifest.write("not a manifest")  # which --overwrite replaces
+        stdout, stderr = first.communicate(timeout=120)
+        assert first.returncode == 0, stderr
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert snapshot(out) == snapshot(alone)  # as if it had been alone; its lock file gone with it
+    assert fineweb_cli(capsys, *second_flags, "--overwrite", "--output_dir", out)[0] == 0
+    assert snapshot(out) == snapshot(second_alone)  # the folder is free again
+
+
+def test_download_takes_the_folder_lock_too(tmp_path, fake_hub, capsys):
+    repo, calls, _ = fake_hub
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    lock = nanogpt.files.lock_folder(out, shard_manifest.OUTPUT_DIR_LOCK, "--output_dir", "another fineweb.py run")
+    try:  # a run is using the folder (another open file: this process is refused as another would be)
+        before = folder_state(out)
+        assert_cli_error(fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out),
+                         f"--output_dir {out} is in use by another fineweb.py run (process {os.getpid()} on")
+        assert folder_state(out) == before and calls == []
+    finally:
+        nanogpt.files.unlock_folder(out, shard_manifest.OUTPUT_DIR_LOCK, lock)
+    assert fineweb_cli(capsys, "--download", "someone/shards", "--output_dir", out)[0] == 0
+    assert sorted(os.listdir(out)) == ["fineweb_train_000001.bin", "fineweb_train_000002.bin", "fineweb_train_000003.bin",
+                                       "fineweb_val_000000.bin", "manifest.json"]
