@@ -63,7 +63,7 @@ def shared_flags(args):
             "--total_batch_size", str(args.batch_size * args.seq_len), "--max_steps", str(args.steps),
             "--eval_every", str(args.eval_every), "--val_steps", str(args.val_steps), "--hellaswag_every", "0",
             "--sample_every", "0", "--save_every", "0", "--loss_impl", "chunked", "--device", "cpu", "--dtype", "fp32",
-            "--no_compile", "--data_dir", args.data_dir]
+            "--no_compile", "--data_dir", args.data_dir, *args.extra.split()]
 
 
 def recipe_flags(recipe, rate, args):
@@ -259,6 +259,8 @@ def main():
     p.add_argument("--val_steps", type=int, default=4)
     p.add_argument("--adamw_lr", type=float, default=3e-3, help="modern's AdamW rate (GPT-2's best, when known)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each on cores / jobs threads)")
+    p.add_argument("--extra", default="", help="flags added to every run, given with '=', e.g. on a GPU: "
+                                               "--extra='--device cuda --dtype bf16 --compile' (they win)")
     p.add_argument("--stage", choices=["tune", "all"], default="all")
     p.add_argument("--timing_steps", type=int, default=0, help="instead: time the tuned recipes (quiet machine)")
     args = p.parse_args()
