@@ -1179,7 +1179,7 @@ def build_parser():
 
 def parse_args(argv=None, saved_args=None):
     """The run's settings. Each flag comes from the command line, else (resuming) the checkpoint's
-    saved arguments, else the --model preset's run settings, else the parser's default.
+    saved arguments, else the --model preset's run settings, else the --recipe's, else the parser's default.
     args.explicit is the set of flags given on the command line (args.given_as: each as spelt)."""
     parser = build_parser()
     given = parser.parse_marked(argv)  # the preset is the one of the --model given, or the default's
