@@ -345,6 +345,8 @@ def test_rows_longer_than_the_context_are_cut_from_the_left(hf_dir, hf64, bundle
 
 def test_max_per_task_keeps_the_first_of_the_shuffled_examples(hf_dir, hf64, bundle, examples, capsys):
     labels = ["arc_like", "squad_like"]
+    tasks = evaluate.load_tasks(bundle, labels, 7)
+    assert [t.examples for t in tasks] == [ref_shuffled(examples[label], 7) for label in labels]
     result = evaluate.main(["--init_from", hf_dir, "--eval_bundle", bundle, "--device", "cpu", "--tasks", ",".join(labels),
                             "--max_per_task", "7"])
     assert list(result["tasks"]) == labels  # core.yaml's order
