@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import INT_MAX, CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
-from nanogpt.evaluation import download, from_rank0, pad_multiple_of, round_up, score_rows, scoring_context, text_lines
+from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
+                                score_rows, scoring_context, text_lines)
 from nanogpt.files import atomic_write
-from nanogpt.runtime import autocast_context, is_out_of_memory, pick_dtype
 from nanogpt.tokenizer import get_tokenizer
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -512,43 +511,24 @@ def write_json(path, result):
 
 
 def main(argv=None):
-    import torch.distributed as dist
-
     from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
     args = parse_args(argv)
-    ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
-    master = rank == 0
-    try:
-        device_type = device.split(":")[0]
-        dtype = pick_dtype(args.dtype, device_type)
-        use_compile = args.compile if args.compile is not None else device_type == "cuda"
-        enc = get_tokenizer()
-        model = load_model(args.checkpoint, args.init_from, device)  # first: a wrong model fails before any download
-        source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        tasks = from_rank0(lambda: load_tasks(args.eval_bundle, args.tasks, args.max_per_task), ddp, rank, device)
-        if use_compile:
-            model = torch.compile(model)
-        if master:
-            print(f"{len(tasks)} tasks, {sum(len(t.examples) for t in tasks)} examples | {source} | device {device} | "
-                  f"dtype {dtype} | compile {use_compile} | world size {world_size}")
-        try:
-            with autocast_context(device_type, dtype):
-                result = evaluate(model, tasks, enc, device, rank, world_size, args.batch_size, progress=master)
-        except RuntimeError as e:
-            if not is_out_of_memory(e):
-                raise
-            raise UserError(f"out of memory on {device} scoring {args.batch_size or 32} prompts per pass; "
-                            "lower --batch_size") from None
-        if master:
+    with evaluation_run(args, setup_distributed, load_model) as run:  # torchrun: one share per process
+        tasks = from_rank0(lambda: load_tasks(args.eval_bundle, args.tasks, args.max_per_task), run.ddp, run.rank,
+                           run.device)
+        if run.master:
+            print(f"{len(tasks)} tasks, {sum(len(t.examples) for t in tasks)} examples | {run.header}")
+        batch = args.batch_size or (32 if run.device_type == "cuda" else 8)
+        with out_of_memory_said(run.device, f"{batch} prompts"), run.autocast:
+            result = evaluate(run.model, tasks, get_tokenizer(), run.device, run.rank, run.world_size, args.batch_size,
+                              progress=run.master)
+        if run.master:
             print(table(result))
             if args.json is not None:
                 write_json(args.json, result)
                 print(f"wrote {args.json}")
         return result
-    finally:
-        if ddp and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

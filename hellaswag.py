@@ -29,10 +29,9 @@ import time
 
 import torch
 
-from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
-from nanogpt.evaluation import download, from_rank0, pad_multiple_of, round_up, score_rows, scoring_context, text_lines
-from nanogpt.runtime import autocast_context, is_out_of_memory, pick_dtype
+from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
+                                score_rows, scoring_context, text_lines)
 from nanogpt.tokenizer import get_tokenizer
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
@@ -295,47 +294,25 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    import torch.distributed as dist
-
     from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
     args = parse_args(argv)
-    ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
-    master = rank == 0
-    try:
-        device_type = device.split(":")[0]
-        dtype = pick_dtype(args.dtype, device_type)
-        use_compile = args.compile if args.compile is not None else device_type == "cuda"
-        enc = get_tokenizer()
-        model = load_model(args.checkpoint, args.init_from, device)  # first: a wrong model fails before any download
-        source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        examples = examples_from_rank0(args.data, args.limit, ddp, rank, device, args.cache_dir)
-        if use_compile:
-            model = torch.compile(model)
-        if master:
-            print(f"{len(examples)} examples | {source} | style {args.style} | device {device} | "
-                  f"dtype {dtype} | compile {use_compile} | world size {world_size}")
+    with evaluation_run(args, setup_distributed, load_model) as run:  # torchrun: one share per process
+        examples = examples_from_rank0(args.data, args.limit, run.ddp, run.rank, run.device, args.cache_dir)
+        if run.master:
+            print(f"{len(examples)} examples | style {args.style} | {run.header}")
         t0 = time.time()
-        try:
-            with autocast_context(device_type, dtype):
-                result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style,
-                                  progress=master)
-        except RuntimeError as e:
-            if not is_out_of_memory(e):
-                raise
-            batch = args.batch_size or (32 if device_type == "cuda" else 8)
-            raise UserError(f"out of memory on {device} scoring {min(batch, len(examples))} examples per pass; "
-                            "lower --batch_size") from None
-        if device_type == "cuda":
+        batch = min(args.batch_size or (32 if run.device_type == "cuda" else 8), len(examples))
+        with out_of_memory_said(run.device, f"{batch} examples"), run.autocast:
+            result = evaluate(run.model, examples, get_tokenizer(), run.device, run.rank, run.world_size,
+                              args.batch_size, args.style, progress=run.master)
+        if run.device_type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.time() - t0
-        if master:
+        if run.master:
             print(f"acc {result['acc']:.4f} ({result['correct']}/{result['total']}) | "
                   f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']}) | {elapsed:.1f} s")
         return result
-    finally:
-        if ddp and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
 """
 What the evaluations (hellaswag.py's HellaSwag, evaluate.py's CORE) share: their data downloaded once,
-read line by line with errors naming the line, handed from rank 0 to the others under torchrun, and
-continuations scored many rows per forward pass.
+read line by line with errors naming the line, handed from rank 0 to the others under torchrun;
+continuations scored many rows per forward pass; and the run of their command line around it.
 """
 
 import codecs
 import os
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
+from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.files import atomic_write
-from nanogpt.runtime import RankZeroWork
+from nanogpt.runtime import RankZeroWork, autocast_context, is_out_of_memory, pick_dtype
 
 PAD_MULTIPLE = 32  # a compiled model's batch lengths are rounded up to this, so it sees few shapes
 
@@ -133,3 +136,43 @@ def score_rows(model, rows, R, T, device, n_vocab=None):
     sums = torch.zeros(R, device=losses.device).index_add_(0, row_of_loss, losses)
     missed = torch.zeros(R, device=losses.device).index_add_(0, row_of_loss, misses)
     return sums[: len(rows)].cpu(), (missed[: len(rows)] == 0).cpu()
+
+
+# -----------------------------------------------------------------------------
+# The command line's run
+
+
+@contextmanager
+def evaluation_run(args, setup_distributed, load_model):
+    """What an evaluation script's main() runs in: torchrun's process group joined (one share of the examples
+    per process; left at the end), the device and --dtype picked, and the model of --checkpoint / --init_from
+    loaded first (a wrong model fails before any download), compiled where asked (--compile's default: on
+    CUDA). setup_distributed and load_model are train_gpt2's (the package imports no script)."""
+    import torch.distributed as dist
+
+    ddp, rank, _, world_size, device = setup_distributed(args.device)
+    try:
+        device_type = device.split(":")[0]
+        dtype = pick_dtype(args.dtype, device_type)
+        use_compile = args.compile if args.compile is not None else device_type == "cuda"
+        model = load_model(args.checkpoint, args.init_from, device)
+        source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
+        yield SimpleNamespace(ddp=ddp, rank=rank, master=rank == 0, world_size=world_size, device=device,
+                              device_type=device_type, autocast=autocast_context(device_type, dtype),
+                              model=torch.compile(model) if use_compile else model,
+                              header=f"{source} | device {device} | dtype {dtype} | compile {use_compile} | "
+                                     f"world size {world_size}")
+    finally:
+        if ddp and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@contextmanager
+def out_of_memory_said(device, scoring):
+    """Running out of memory inside is one line: scoring says how much one pass held (the fix: less)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        raise UserError(f"out of memory on {device} scoring {scoring} per pass; lower --batch_size") from None
