@@ -31,6 +31,7 @@ import os
 import random
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,7 +104,7 @@ class Bundle:
         except FileNotFoundError:
             raise UserError(f"{self.where(name)} does not exist ({role}); the eval bundle is incomplete: "
                             f"{GET_A_BUNDLE}") from None
-        except (OSError, zipfile.BadZipFile, EOFError) as e:  # a damaged member: a CRC or zlib error
+        except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as e:  # a damaged member: its CRC, its deflate data
             raise UserError(f"cannot read {self.where(name)} ({e}); {GET_A_BUNDLE}") from None
 
     def text(self, name, role):

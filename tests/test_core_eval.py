@@ -357,6 +357,13 @@ def test_a_zip_and_the_download_read_as_the_folder(bundle, tmp_path, monkeypatch
     for path in (published, flat, os.path.dirname(bundle)):  # a folder holding the unzipped eval_bundle/ too
         assert [(t.label, t.examples, t.baseline) for t in evaluate.load_tasks(path)] == \
                [(t.label, t.examples, t.baseline) for t in want]
+    damaged = tmp_path / "damaged.zip"  # a byte changed inside a task's compressed examples: its CRC fails
+    data = bytearray(open(published, "rb").read())
+    at = data.index(b"squad_like.jsonl") + 200
+    data[at] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(evaluate.UserError, match=re.escape(f"cannot read {damaged}/eval_bundle/eval_data/")):
+        evaluate.load_tasks(str(damaged))
     cache = tmp_path / "cache" / "eval_bundle.zip"
     monkeypatch.setattr(evaluate, "DEFAULT_BUNDLE", str(cache))
     monkeypatch.setattr(evaluate, "BUNDLE_URL", "http://127.0.0.1:9/eval_bundle.zip")
