@@ -124,7 +124,7 @@ def test_output_paths_the_system_refuses(shards, tmp_path):
 
 
 def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
-    """Bad input met while the run is set up (HellaSwag data, a --tensorboard that is a file) leaves log.txt;
+    """Bad input met while the run is set up (HellaSwag data, a CORE bundle, a --tensorboard that is a file) leaves log.txt;
     a log.txt that is a folder is one line; a killed run's temporaries are cleared by the next."""
     log_dir = tmp_path / "log"
     log_dir.mkdir()
@@ -132,6 +132,7 @@ def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"bad json\n')
     (tmp_path / "a_file").write_text("x")
     for flags, needle in ((["--hellaswag_every", "1", "--hellaswag_data", str(tmp_path / "bad.jsonl")], "bad.jsonl:1"),
+                          (["--core_every", "1", "--core_bundle", str(tmp_path / "a_file")], "a_file is neither a folder"),
                           (["--tensorboard", str(tmp_path / "a_file")], "--tensorboard")):
         with pytest.raises(train_gpt2.UserError, match=re.escape(needle)):
             train(shards, str(log_dir), "--max_steps", "1", *flags)
