@@ -21,7 +21,6 @@ to put it elsewhere); offline, pass a local HellaSwag .jsonl with --data. --dtyp
 --no_compile. The training loop calls load_examples() and evaluate() from here.
 """
 
-import codecs
 import json
 import os
 import re
@@ -29,42 +28,18 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
-from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
-from nanogpt.files import atomic_write
-from nanogpt.runtime import RankZeroWork, autocast_context, is_out_of_memory, pick_dtype
+from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
+                                score_rows, scoring_context, text_lines)
 from nanogpt.tokenizer import get_tokenizer
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
 STYLES = ("nanogpt", "harness")
-PAD_MULTIPLE = 32  # a compiled model's batch lengths are rounded up to this, so it sees few shapes
 
 # -----------------------------------------------------------------------------
 # Data
-
-
-def download(url, path):
-    """Fetch url into path with a progress bar: to a temporary name first, so an interrupted
-    download never leaves a partial file under the final name."""
-    import urllib.request
-
-    from tqdm import tqdm
-
-    try:  # torchrun ranks may download at once: each writes its own temporary file, and the rename is atomic
-        with urllib.request.urlopen(url, timeout=60) as response, atomic_write(path) as f:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {os.path.basename(path)}") as bar:
-                while chunk := response.read(1 << 20):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-            if total is not None and f.tell() != total:
-                raise OSError(f"got {f.tell()} of {total} bytes")
-    except OSError as e:  # URLError and HTTPError are OSErrors too
-        raise UserError(f"cannot download {url} ({e}); check the network, or pass a local HellaSwag .jsonl "
-                        "(hellaswag.py --data FILE, train_gpt2.py --hellaswag_data FILE)") from None
 
 
 def cached_split(split="val", cache_dir=None):
@@ -77,7 +52,8 @@ def cached_split(split="val", cache_dir=None):
         except OSError as e:
             raise UserError(f"cannot create the HellaSwag cache folder {cache_dir} ({e.strerror}); "
                             "pick another with --cache_dir") from None
-        download(DATA_URL.format(split=split), path)
+        download(DATA_URL.format(split=split), path, "pass a local HellaSwag .jsonl "
+                 "(hellaswag.py --data FILE, train_gpt2.py --hellaswag_data FILE)")
     return path
 
 
@@ -126,17 +102,8 @@ def load_examples(path=None, cache_dir=None):
     except OSError as e:
         raise UserError(f"cannot read HellaSwag file {path} ({e.strerror or e}); "
                         "give a readable HellaSwag-format .jsonl") from None
-    if data.startswith(codecs.BOM_UTF8):  # a byte-order mark (Windows editors) at the start of the file
-        data = data[len(codecs.BOM_UTF8):]
-    examples = []
-    for lineno, raw in enumerate(data.splitlines(), 1):  # \n, \r\n or \r, as text mode splits
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is {raw[e.start]:#04x}); "
-                            "give a HellaSwag-format .jsonl in UTF-8") from None
-        if line.strip():
-            examples.append(parse_example(line, f"{path}:{lineno}"))
+    examples = [parse_example(line, f"{path}:{lineno}")
+                for lineno, line in text_lines(data, path, "give a HellaSwag-format .jsonl in UTF-8")]
     if not examples:
         raise UserError(f"{path} holds no HellaSwag examples")
     return examples
@@ -145,15 +112,7 @@ def load_examples(path=None, cache_dir=None):
 def examples_from_rank0(path, limit, ddp, rank, device, cache_dir=None):
     """load_examples(path)[:limit] on rank 0, shared with the other ranks under torchrun: a pipe can be read
     once, by one process (each rank opening it hung). Rank 0's error ends every rank alike."""
-    if not ddp:
-        return load_examples(path, cache_dir)[:limit]
-    import torch.distributed as dist
-
-    rank0 = RankZeroWork(ddp, rank == 0, device)
-    shared = [rank0.do(lambda: load_examples(path, cache_dir)[:limit])]
-    rank0.agree()
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]
+    return from_rank0(lambda: load_examples(path, cache_dir)[:limit], ddp, rank, device)
 
 
 def examples_for_training(path, limit, rank, world_size, device, asked=True):
@@ -238,37 +197,16 @@ def render(example, enc, style="nanogpt"):
 # Scoring
 
 
-def unwrap(model):
-    """The GPT module inside torch.compile / DDP wrappers (for its config)."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif hasattr(model, "module"):
-            model = model.module
-        else:
-            return model
-
-
-def round_up(n, multiple):
-    return -(-n // multiple) * multiple
-
-
-@torch.no_grad()
 def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=False, n_vocab=None):
     """(summed loss, number of tokens scored) of every ending: two (len(rendered), 4) tensors, in the
     order given.
 
     rendered: (ctx, endings, norms) tuples from render(). The examples are sorted by length and run
-    batch_size at a time (4 rows each), right-padded to a multiple of pad_multiple; padding only sits
-    after the real tokens, so causal attention makes it invisible to them. A row longer than the
-    model's context keeps its last block_size tokens. n_vocab: score over the tokenizer's tokens only
-    (a padded vocabulary's extra logits are left out)."""
-    if pad_multiple is None:  # buckets spare a compiled model its recompiles; eager, every pad token is waste
-        pad_multiple = PAD_MULTIPLE if hasattr(model, "_orig_mod") else 1
-    block_size = unwrap(model).config.block_size
-    if block_size < 2:  # a --seq_len 1 run's model: a row of one token predicts nothing, the four sums tie at 0
-        raise UserError(f"a model with a context of {block_size} token cannot score HellaSwag endings; "
-                        "use a checkpoint of a run with --seq_len 2 or more")
+    batch_size at a time (4 rows each), right-padded to a multiple of pad_multiple (nanogpt.evaluation's
+    score_rows). A row longer than the model's context keeps its last block_size tokens. n_vocab: score over
+    the tokenizer's tokens only (a padded vocabulary's extra logits are left out)."""
+    pad_multiple = pad_multiple_of(model, pad_multiple)
+    block_size = scoring_context(model, "HellaSwag endings")
     rows = []  # (tokens, number of scored tokens at the end)
     for ctx, endings, _ in rendered:
         for end in endings:
@@ -287,23 +225,10 @@ def score(model, rendered, device, batch_size=16, pad_multiple=None, progress=Fa
         batches = tqdm(batches, desc="HellaSwag", unit="batch")
     for batch in batches:
         T = min(round_up(length[batch[0]], pad_multiple), block_size)
-        R = 4 * batch_size  # a short last batch is padded with empty rows: one shape for the compiler
-        idx = torch.zeros(R, T, dtype=torch.long)
-        targets = torch.zeros(R, T, dtype=torch.long)
-        scored = torch.zeros(R, T, dtype=torch.bool)  # positions whose next token is an ending token
-        for r, row in enumerate(4 * i + j for i in batch for j in range(4)):
-            tokens, k = rows[row]
-            t = torch.tensor(tokens, dtype=torch.long)
-            idx[r, : len(tokens)] = t
-            targets[r, : len(tokens) - 1] = t[1:]
-            scored[r, len(tokens) - 1 - k : len(tokens) - 1] = True
-        idx, targets, scored = idx.to(device), targets.to(device), scored.to(device)
-        logits, _ = model(idx)
-        sel = logits[scored][:, :n_vocab].float()  # only the scored positions
-        losses = F.cross_entropy(sel, targets[scored], reduction="none")
-        row_of_loss = scored.nonzero()[:, 0]
-        row_sums = torch.zeros(R, device=losses.device).index_add_(0, row_of_loss, losses)
-        sums[batch] = row_sums[: 4 * len(batch)].view(len(batch), 4).cpu()
+        # a short last batch is padded with empty rows: one shape for the compiler
+        row_sums, _ = score_rows(model, [rows[4 * i + j] for i in batch for j in range(4)], 4 * batch_size, T, device,
+                                 n_vocab)
+        sums[batch] = row_sums.view(len(batch), 4)
     return sums, counts
 
 
@@ -369,47 +294,25 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    import torch.distributed as dist
-
     from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
     args = parse_args(argv)
-    ddp, rank, _, world_size, device = setup_distributed(args.device)  # torchrun: one share per process
-    master = rank == 0
-    try:
-        device_type = device.split(":")[0]
-        dtype = pick_dtype(args.dtype, device_type)
-        use_compile = args.compile if args.compile is not None else device_type == "cuda"
-        enc = get_tokenizer()
-        model = load_model(args.checkpoint, args.init_from, device)  # first: a wrong model fails before any download
-        source = newest_checkpoint(args.checkpoint) if args.checkpoint else args.init_from
-        examples = examples_from_rank0(args.data, args.limit, ddp, rank, device, args.cache_dir)
-        if use_compile:
-            model = torch.compile(model)
-        if master:
-            print(f"{len(examples)} examples | {source} | style {args.style} | device {device} | "
-                  f"dtype {dtype} | compile {use_compile} | world size {world_size}")
+    with evaluation_run(args, setup_distributed, load_model) as run:  # torchrun: one share per process
+        examples = examples_from_rank0(args.data, args.limit, run.ddp, run.rank, run.device, args.cache_dir)
+        if run.master:
+            print(f"{len(examples)} examples | style {args.style} | {run.header}")
         t0 = time.time()
-        try:
-            with autocast_context(device_type, dtype):
-                result = evaluate(model, examples, enc, device, rank, world_size, args.batch_size, args.style,
-                                  progress=master)
-        except RuntimeError as e:
-            if not is_out_of_memory(e):
-                raise
-            batch = args.batch_size or (32 if device_type == "cuda" else 8)
-            raise UserError(f"out of memory on {device} scoring {min(batch, len(examples))} examples per pass; "
-                            "lower --batch_size") from None
-        if device_type == "cuda":
+        batch = min(args.batch_size or (32 if run.device_type == "cuda" else 8), len(examples))
+        with out_of_memory_said(run.device, f"{batch} examples"), run.autocast:
+            result = evaluate(run.model, examples, get_tokenizer(), run.device, run.rank, run.world_size,
+                              args.batch_size, args.style, progress=run.master)
+        if run.device_type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.time() - t0
-        if master:
+        if run.master:
             print(f"acc {result['acc']:.4f} ({result['correct']}/{result['total']}) | "
                   f"acc_norm {result['acc_norm']:.4f} ({result['correct_norm']}/{result['total']}) | {elapsed:.1f} s")
         return result
-    finally:
-        if ddp and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """
-Plot a training run's log.txt as one PNG: losses, HellaSwag, and every other logged number.
+Plot a training run's log.txt as one PNG: losses, HellaSwag, CORE, and every other logged number.
 
     python plot_log.py log/log.txt                  # writes log/plot.png
     python plot_log.py log --out run1.png           # a log folder works too
@@ -17,6 +17,7 @@ A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels,
   average;
 - HellaSwag (only when the log has `hella` lines): acc_norm, its 0.25 chance line, GPT-2 124M's and
   GPT-3 124M's numbers;
+- CORE (only when the log has `core` lines): the score, with GPT-2 124M's and 350M's (nanochat's evaluation);
 - every other kind (`lr`, `mmlu`, ...) on a panel of its own.
 A kind with no finite value (a run that diverged at once logs only nan) is left out; a log with
 nothing finite to plot is refused.
@@ -41,10 +42,11 @@ GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanog
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it
 GPT3_124M_HELLASWAG = 0.337  # GPT-3 paper, the "small" model
 HELLASWAG_CHANCE = 0.25  # four endings
+GPT2_CORE = (("124M", 0.1139), ("350M", 0.1849))  # OpenAI GPT-2's CORE as nanochat scores it (evaluate.py's protocol)
 ZOOM = (2.8, 4.0)  # loss range where runs are compared: build-nanogpt's play.ipynb tops it at 4.0; GPT-2's line shows
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KIND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")  # a word: what a log line's second field may be
-LOSS_PANEL, HELLA_PANEL = "loss", "HellaSwag"
+LOSS_PANEL, HELLA_PANEL, CORE_PANEL = "loss", "HellaSwag", "CORE"
 MAX_POINTS = 10_000  # per line drawn: a panel is ~700 pixels wide; millions of points overflow Agg's path limit
 
 
@@ -114,14 +116,15 @@ def is_loss(kind):
 
 
 def panels(series):
-    """[(panel title, [kinds])]: the losses, HellaSwag, then each other kind, leaving out kinds without a
+    """[(panel title, [kinds])]: the losses, HellaSwag, CORE, then each other kind, leaving out kinds without a
     finite value (a run that diverged at once logs only nan) and the groups left empty."""
     kinds = [k for k in series if k != "skipped" and finite(*series[k])[0]]
     losses = [k for k in kinds if is_loss(k)]
     out = [(LOSS_PANEL, losses)] if losses else []
-    if "hella" in kinds:
-        out.append((HELLA_PANEL, ["hella"]))
-    out += [(k, [k]) for k in kinds if not is_loss(k) and k != "hella"]
+    for kind, panel in (("hella", HELLA_PANEL), ("core", CORE_PANEL)):
+        if kind in kinds:
+            out.append((panel, [kind]))
+    out += [(k, [k]) for k in kinds if not is_loss(k) and k not in ("hella", "core")]
     return out
 
 
@@ -150,7 +153,7 @@ def reference_lines(ax, lines):
 
 
 def label_of(kind, values):
-    name = {"train": "train loss", "val": "val loss", "hella": "acc_norm"}.get(kind, kind)
+    name = {"train": "train loss", "val": "val loss", "hella": "acc_norm", "core": "CORE"}.get(kind, kind)
     return name + (f" (last {values[-1]:.4g})" if values else "")
 
 
@@ -192,6 +195,10 @@ def build_figure(series, title=None, smooth=0, zoom=True):
             reference_lines(ax, [(ref, color, f"OpenAI {who} (124M) {ref}") for ref, color, who in
                                  ((GPT2_124M_HELLASWAG, "r", "GPT-2"), (GPT3_124M_HELLASWAG, "g", "GPT-3"))])
             ax.set_ylabel("acc_norm")
+        elif name == CORE_PANEL:
+            reference_lines(ax, [(ref, color, f"OpenAI GPT-2 ({size}) {ref}")
+                                 for (size, ref), color in zip(GPT2_CORE, ("r", "m"))])
+            ax.set_ylabel("CORE (mean centered accuracy)")
         else:
             ax.set_ylabel(name)
         ax.set_title(name)
@@ -228,7 +235,7 @@ def check_out(out, log_path):
 
 
 def build_parser():
-    p = CLIParser(description="Plot the curves of a train_gpt2.py run's log.txt (losses, HellaSwag, any other "
+    p = CLIParser(description="Plot the curves of a train_gpt2.py run's log.txt (losses, HellaSwag, CORE, any other "
                               "logged kind) as one PNG.")
     p.add_argument("log", help="log.txt of a run, or its log folder")
     p.add_argument("--out", default=None,

@@ -10,7 +10,7 @@ It reads top to bottom as the lecture builds it: the config, the model (attentio
 generate and from_pretrained), the data loaders, the learning-rate schedule, the distributed set-up and
 the training loop, then the command line. The plumbing (checkpoint files, HF import/export, sharding,
 the log folder, argument checks, the device) lives in the nanogpt/ package (docs/layout.md).
-Importing this file does nothing; hellaswag.py and generate_tokens.py import the model from it.
+Importing this file does nothing; hellaswag.py, evaluate.py and generate_tokens.py import the model from it.
 """
 
 import inspect
@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import evaluate
 import hellaswag
 from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
@@ -838,7 +839,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
         micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
 
         for step in range(setup.start_step, args.max_steps):
-            # once in a while evaluate: the validation loss, HellaSwag, samples (with the compiled model);
+            # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model);
             # a failure (a shard gone) first saves the last step's state, as in the step
             with run.keeping_progress(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
@@ -852,6 +853,11 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                     run.log(step, f"hella {result['acc_norm']:.4f}", {"hellaswag/acc_norm": result["acc_norm"]},
                             f"step {step:5d} | HellaSwag acc_norm {result['acc_norm']:.4f} "
                             f"({result['correct_norm']}/{result['total']})")
+                if setup.score_core and run.due(step, args.core_every):
+                    with autocast:
+                        result = setup.score_core(setup.eval_model)
+                    run.log(step, f"core {result['core']:.4f}", {"core/score": result["core"]},
+                            f"step {step:5d} | CORE {result['core']:.4f} ({len(result['tasks'])} tasks)")
                 if step > 0 and run.due(step, args.sample_every) and (run.master or run.fsdp):  # FSDP: every rank
                     run.say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
 
@@ -903,21 +909,22 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
 class TrainingSetup:
     """What set_up() builds for the loop (every field has a default, so that one more can go anywhere)."""
     model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
-    eval_model: nn.Module = None  # compiled, not wrapped: validation and HellaSwag run on every rank alone
+    eval_model: nn.Module = None  # compiled, not wrapped: validation, HellaSwag and CORE run on every rank alone
     raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
     optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
     scaler: torch.amp.GradScaler = None
     train_loader: object = None  # a DataLoaderLite, or the shuffled one
     val_loader: object = None  # None when --eval_every is 0
     score_hellaswag: object = None  # model -> this rank's share of HellaSwag scored; None when it is off
+    score_core: object = None  # model -> CORE, this rank's share of its tasks scored; None when it is off
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
 
 
 def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype):
     """Everything the loop needs, in the lecture's order: seeds, data, model, optimizer, the checkpoint's
-    state put back, the compiled and DDP-wrapped model, HellaSwag's examples; then, everything checked, the
-    run's log folder and header. config: model_config's."""
+    state put back, the compiled and DDP-wrapped model, HellaSwag's examples and CORE's tasks; then, everything
+    checked, the run's log folder and header. config: model_config's."""
     device_type = device.split(":")[0]
     torch.manual_seed(args.seed)
     if device_type == "cuda":
@@ -966,6 +973,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
     score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
+    score_core = (evaluate.scorer_for_training(args.core_bundle, args.core_max_per_task, ddp, rank, world_size, device, fsdp)
+                  if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     run.start(run_header(args, device, dtype, use_compile, world_size, raw_model), ckpt=ckpt, ckpt_path=ckpt_path,
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
@@ -974,7 +983,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
-                         start_step=start_step, tokens_seen=tokens_seen)
+                         score_core=score_core, start_step=start_step, tokens_seen=tokens_seen)
 
 
 def model_config(args, saved_config=None):
@@ -1129,6 +1138,12 @@ def build_parser():
                    help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
     g.add_argument("--hellaswag_limit", type=int, default=None,
                    help="score only the first N HellaSwag examples (default: all)")
+    g.add_argument("--core_every", type=int, default=0,
+                   help="CORE (DCLM's 22 tasks, as evaluate.py scores them) every N steps; 0: off")
+    g.add_argument("--core_bundle", default=None,
+                   help="DCLM's eval bundle, a folder or .zip (default: evaluate.py's, downloaded once)")
+    g.add_argument("--core_max_per_task", type=int, default=500,
+                   help="score the first N of each CORE task's shuffled examples (nanochat scores 500 in training)")
     g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
     g.add_argument("--save_every", type=int, default=5000,
                    help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")

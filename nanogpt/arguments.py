@@ -20,6 +20,7 @@ from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 
 # flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
 FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
+                 "core_bundle": ("core_every", "N"), "core_max_per_task": ("core_every", "N"),
                  "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
 RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
@@ -39,8 +40,8 @@ def saved_arguments(ckpt):
 def check_args(args, run_presets):
     """Refuse settings that cannot work before any work is done (run_presets: train_gpt2's RUN_PRESETS)."""
     counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
-              "eval_every": 0, "hellaswag_every": 0, "sample_every": 0, "save_every": 0, "keep_checkpoints": 0,
-              "max_bad_steps": 1, "muon_momentum_warmup": 0}
+              "eval_every": 0, "hellaswag_every": 0, "core_every": 0, "core_max_per_task": 1, "sample_every": 0,
+              "save_every": 0, "keep_checkpoints": 0, "max_bad_steps": 1, "muon_momentum_warmup": 0}
     if args.hellaswag_limit is not None:
         counts["hellaswag_limit"] = 1
     for name, low in counts.items():
@@ -72,7 +73,8 @@ def check_args(args, run_presets):
         if (getattr(args, name) or 0) > LARGEST_RATE:
             usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
-    for name in ("data_dir", "log_dir", "hellaswag_data", "tensorboard", "tensorboard_run", "wandb", "wandb_id"):
+    for name in ("data_dir", "log_dir", "hellaswag_data", "core_bundle", "tensorboard", "tensorboard_run", "wandb",
+                 "wandb_id"):
         if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
             raise UserError(f"--{name} is empty; give a value, or drop the flag")
     if args.tensorboard_run is not None and (args.tensorboard_run in (".", "..") or re.search(r"[/\\]", args.tensorboard_run)):

@@ -179,6 +179,22 @@ def peaked_tiny_gpt(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n
     return model.eval()
 
 
+def save_random_hf_gpt2(path):
+    """A random tiny transformers GPT-2 (2 layers, 64 wide, context 128) saved at path, what --init_from DIR loads:
+    path. Its matrices are drawn with std 0.3, not the 0.02 init, so that continuations' losses differ clearly (no
+    near-ties)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=128, vocab_size=50257))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(path)
+    return path
+
+
 def write_hellaswag(path, n=24):
     """n HellaSwag-format lines of random words (labels cycling 0-3); returns path."""
     words = "the a cat dog runs jumps over under house river quickly slowly blue red man woman".split()

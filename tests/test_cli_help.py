@@ -1,4 +1,4 @@
-"""--help of hellaswag.py, generate_tokens.py and plot_log.py: every flag says what it does and states
+"""--help of hellaswag.py, evaluate.py, generate_tokens.py and plot_log.py: every flag says what it does and states
 its default once (the formatter adds '(default: X)' for real values; None and switches say theirs in
 words or not at all); and the scripts that run a model agree on --dtype and --compile/--no_compile."""
 
@@ -6,14 +6,15 @@ import argparse
 
 import pytest
 
+import evaluate
 import generate_tokens
 import hellaswag
 import plot_log
 import train_gpt2
 from nanogpt.runtime import DTYPES
 
-PARSERS = {"hellaswag.py": hellaswag.build_parser, "generate_tokens.py": generate_tokens.build_parser,
-           "plot_log.py": plot_log.build_parser}
+PARSERS = {"hellaswag.py": hellaswag.build_parser, "evaluate.py": evaluate.build_parser,
+           "generate_tokens.py": generate_tokens.build_parser, "plot_log.py": plot_log.build_parser}
 
 
 @pytest.mark.parametrize("script", sorted(PARSERS))

@@ -36,9 +36,10 @@ HUGE = str(2**63)
 # flag -> values that must be refused before any work
 BAD_VALUES = {
     **{f: ["0", "-1", HUGE, "nan", "x", ""] for f in ("--batch_size", "--seq_len", "--total_batch_size", "--max_steps", "--val_steps",
-                                                     "--max_bad_steps", "--n_layer", "--n_head", "--n_embd", "--hellaswag_limit")},
-    **{f: ["-1", HUGE, "1.5", "x", ""] for f in ("--warmup_steps", "--eval_every", "--hellaswag_every", "--sample_every", "--save_every",
-                                                 "--keep_checkpoints")},
+                                                     "--max_bad_steps", "--n_layer", "--n_head", "--n_embd", "--hellaswag_limit",
+                                                     "--core_max_per_task")},
+    **{f: ["-1", HUGE, "1.5", "x", ""] for f in ("--warmup_steps", "--eval_every", "--hellaswag_every", "--core_every",
+                                                 "--sample_every", "--save_every", "--keep_checkpoints")},
     "--seed": ["-1", str(2**64), "x"],
     **{f: ["0", "-1", "nan", "inf", "-inf", "1e400", "x", ""] for f in ("--max_lr", "--peak_tflops")},
     **{f: ["-1", "nan", "inf", "x"] for f in ("--weight_decay", "--grad_clip")},
@@ -53,6 +54,7 @@ BAD_VALUES |= {
     "--init_from": ["not-a-model", "/nonexistent/dir"],
     "--data_dir": ["/nonexistent/data", ""],
     "--hellaswag_data": ["/nonexistent/hs.jsonl", ""],  # empty ("$UNSET"): not a download, nor HellaSwag off
+    "--core_bundle": ["/nonexistent/eval_bundle", ""],  # empty: not a download either
     **{f: [""] for f in ("--log_dir", "--tensorboard", "--wandb", "--wandb_id")},
 }
 CASES = [(flag, value) for flag, values in BAD_VALUES.items() for value in values]
@@ -73,7 +75,8 @@ def run_main(argv):
 @pytest.mark.parametrize("flag,value", CASES, ids=[f"{f}={v}" for f, v in CASES])
 def test_every_flag_refuses_bad_values_before_any_work(shards, tmp_path, flag, value, capsys):
     log_dir = tmp_path / "log"
-    extra = ["--hellaswag_every", "1"] if flag in ("--hellaswag_data", "--hellaswag_limit") else []
+    extra = {"--hellaswag_data": ["--hellaswag_every", "1"], "--hellaswag_limit": ["--hellaswag_every", "1"],
+             "--core_bundle": ["--core_every", "1"], "--core_max_per_task": ["--core_every", "1"]}.get(flag, [])
     message = run_main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir), "--max_steps", "2", *extra, flag, value])
     if message == "argparse":
         err = capsys.readouterr().err.strip().splitlines()
@@ -121,7 +124,7 @@ def test_output_paths_the_system_refuses(shards, tmp_path):
 
 
 def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
-    """Bad input met while the run is set up (HellaSwag data, a --tensorboard that is a file) leaves log.txt;
+    """Bad input met while the run is set up (HellaSwag data, a CORE bundle, a --tensorboard that is a file) leaves log.txt;
     a log.txt that is a folder is one line; a killed run's temporaries are cleared by the next."""
     log_dir = tmp_path / "log"
     log_dir.mkdir()
@@ -129,6 +132,7 @@ def test_a_refusal_found_late_leaves_the_log_as_it_was(shards, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"bad json\n')
     (tmp_path / "a_file").write_text("x")
     for flags, needle in ((["--hellaswag_every", "1", "--hellaswag_data", str(tmp_path / "bad.jsonl")], "bad.jsonl:1"),
+                          (["--core_every", "1", "--core_bundle", str(tmp_path / "a_file")], "a_file is neither a folder"),
                           (["--tensorboard", str(tmp_path / "a_file")], "--tensorboard")):
         with pytest.raises(train_gpt2.UserError, match=re.escape(needle)):
             train(shards, str(log_dir), "--max_steps", "1", *flags)

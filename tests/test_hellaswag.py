@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import hellaswag
 import train_gpt2
 from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
-from conftest import TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, write_hellaswag
+from conftest import (TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, save_random_hf_gpt2,
+                      write_hellaswag)
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
          "slowly quickly holds puts takes runs walks jumps throws water ball rope bike table kitchen field "
@@ -38,20 +39,7 @@ def write_jsonl(path, n=20, seed=0, ctx_words=(3, 30), end_words=(1, 15)):
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    """A random tiny transformers GPT-2 saved to disk: what --init_from DIR loads."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=128, vocab_size=50257)
-    model = GPT2LMHeadModel(config)
-    # bigger weights than the 0.02 init: the endings' losses then differ clearly, no near-ties
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    path = str(tmp_path_factory.mktemp("hf") / "tiny-gpt2")
-    model.save_pretrained(path)
-    return path
+    return save_random_hf_gpt2(str(tmp_path_factory.mktemp("hf") / "tiny-gpt2"))
 
 
 @pytest.fixture(scope="module")

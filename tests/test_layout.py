@@ -13,7 +13,7 @@ import sys
 
 from conftest import ROOT, make_shards, write_hellaswag
 
-SCRIPTS = ("train_gpt2", "fineweb", "hellaswag", "generate_tokens", "plot_log")
+SCRIPTS = ("train_gpt2", "fineweb", "hellaswag", "evaluate", "generate_tokens", "plot_log")
 
 
 def project_modules():
@@ -44,9 +44,10 @@ def test_imports_point_one_way_and_never_in_a_circle():
     for name, imported in graph.items():
         if name.startswith("nanogpt."):
             assert not imported & set(SCRIPTS), (name, imported)  # the package imports no script
-    assert not graph["fineweb"] & {"train_gpt2", "hellaswag", "generate_tokens"}
-    assert not graph["hellaswag"] & {"train_gpt2"}  # it imports train_gpt2 inside main() only
-    assert graph["train_gpt2"] >= {"hellaswag"}  # the training loop's HellaSwag scoring, at the top
+    assert not graph["fineweb"] & {"train_gpt2", "hellaswag", "evaluate", "generate_tokens"}
+    for script in ("hellaswag", "evaluate"):
+        assert not graph[script] & {"train_gpt2"}  # it imports train_gpt2 inside main() only
+    assert graph["train_gpt2"] >= {"hellaswag", "evaluate"}  # the training loop's HellaSwag and CORE, at the top
 
     def reaches(start, goal, seen=()):
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph[start])
@@ -60,11 +61,11 @@ def run_python(code, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_fineweb_loads_no_torch_and_hellaswag_no_train_gpt2():
-    result = run_python("import sys, json, fineweb, hellaswag; print(json.dumps(sorted(sys.modules)))")
+def test_fineweb_loads_no_torch_and_hellaswag_and_evaluate_no_train_gpt2():
+    result = run_python("import sys, json, fineweb, hellaswag, evaluate; print(json.dumps(sorted(sys.modules)))")
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout)
-    assert "train_gpt2" not in loaded and "hellaswag" in loaded
+    assert "train_gpt2" not in loaded and {"hellaswag", "evaluate"} <= set(loaded)
     result = run_python("import sys, fineweb; print('torch' in sys.modules)")
     assert result.stdout.strip() == "False", result.stderr
 

@@ -39,6 +39,9 @@ PUBLISHED_GPT2_VAL_LOSS = 3.2924
 PUBLISHED_GPT2_HELLASWAG = 0.294463
 PUBLISHED_GPT3_HELLASWAG = 0.337
 PUBLISHED_LOSS_TOP = 4.0
+# nanochat's CORE of OpenAI's GPT-2 124M and 350M (its README's "GPT-2 quality" table, DCLM's 22 tasks)
+PUBLISHED_GPT2_124M_CORE = 0.1139
+PUBLISHED_GPT2_350M_CORE = 0.1849
 
 
 def write(path, text):
@@ -169,6 +172,20 @@ def test_reference_lines_only_inside_the_picture(tmp_path):
     assert abs(find(labels, "OpenAI GPT-2").get_ydata()[0] - PUBLISHED_GPT2_HELLASWAG) <= 5e-5
     assert list(find(labels, "OpenAI GPT-3").get_ydata()) == [PUBLISHED_GPT3_HELLASWAG] * 2
     assert list(find(labels, "chance").get_ydata()) == [0.25] * 2
+
+
+def test_core_gets_a_panel_with_gpt2s_scores_where_they_are_in_view(tmp_path):
+    """`core` lines (--core_every) are drawn on their own panel, after HellaSwag, with GPT-2 124M's and 350M's
+    CORE once the run's values reach them; an early run's low scores are not squashed by them."""
+    fig = figure(tmp_path, "0 hella 0.25\n0 core 0.01\n1 core 0.12\n2 core 0.2\n5 mmlu 0.3\n")
+    assert [ax.get_title() for ax in fig.axes] == ["HellaSwag", "CORE", "mmlu"]
+    labels = lines_by_label(fig.axes[1])
+    assert list(find(labels, "CORE").get_ydata()) == [0.01, 0.12, 0.2]
+    assert list(find(labels, "OpenAI GPT-2 (124M)").get_ydata()) == [PUBLISHED_GPT2_124M_CORE] * 2
+    assert list(find(labels, "OpenAI GPT-2 (350M)").get_ydata()) == [PUBLISHED_GPT2_350M_CORE] * 2
+    early = figure(tmp_path, "0 core -0.02\n10 core 0.03\n")
+    assert [ax.get_title() for ax in early.axes] == ["CORE"]
+    assert not any("OpenAI" in k for k in lines_by_label(early.axes[0])) and early.axes[0].get_ylim()[1] < 0.1
 
 
 def assert_references_inside(ax):
