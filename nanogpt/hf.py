@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import check_exportable
+from nanogpt.files import lock_folder, unlock_folder
 from nanogpt.layers import RMS_EPS
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -275,8 +276,10 @@ def export_hf(model, out_dir, also=None):
     out_dir = os.path.abspath(out_dir)
     umask = os.umask(0)
     os.umask(umask)
+    clear_abandoned_exports(out_dir)
     try:  # written beside out_dir under a new name, then renamed: never a half export under out_dir
         tmp = tempfile.mkdtemp(dir=os.path.dirname(out_dir), prefix=os.path.basename(out_dir) + ".", suffix=".tmp")
+        lock = lock_folder(tmp, EXPORT_LOCK, "--export_hf", "another export")  # marks it as a live export's
     except OSError as e:
         raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
     try:
@@ -284,10 +287,13 @@ def export_hf(model, out_dir, also=None):
             hf_model.save_pretrained(tmp, safe_serialization=True)
         added = also(tmp) if also is not None else None
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
+        unlock_folder(tmp, EXPORT_LOCK, lock)
+        lock = None
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
         os.replace(tmp, out_dir)
     except BaseException as e:
+        unlock_folder(tmp, EXPORT_LOCK, lock)
         shutil.rmtree(tmp, ignore_errors=True)
         from safetensors import SafetensorError  # a full disk while safetensors writes (it reports its own way)
 
@@ -296,6 +302,27 @@ def export_hf(model, out_dir, also=None):
                             "free disk space or pick another folder (nothing was left behind)") from None
         raise
     return kind, added
+
+
+EXPORT_LOCK = "export.lock"  # in an export's temporary folder while it is written
+
+
+def clear_abandoned_exports(out_dir):
+    """Remove the temporary folders that exports to out_dir killed before their rename left beside it
+    (SIGKILL, a power cut): those holding an export.lock that no live process holds. A folder of the same
+    kind of name without one is the user's, and an export writing now holds its lock: both are left."""
+    parent, prefix = os.path.dirname(out_dir), os.path.basename(out_dir) + "."
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not (name.startswith(prefix) and name.endswith(".tmp") and os.path.isdir(path) and not os.path.islink(path)
+                and os.path.isfile(os.path.join(path, EXPORT_LOCK))):
+            continue
+        try:
+            lock = lock_folder(path, EXPORT_LOCK, "--export_hf", "another export")
+        except UserError:  # an export writing it now
+            continue
+        unlock_folder(path, EXPORT_LOCK, lock)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def check_export_dir(out_dir):

@@ -151,3 +151,24 @@ def test_a_long_context_keeps_no_rotary_table():
         first, second = x[0, 0, t, :8], x[0, 0, t, 8:]
         want = torch.cat([first * angle.cos() - second * angle.sin(), second * angle.cos() + first * angle.sin()])
         assert (turned[0, 0, t] - want).abs().max().item() < 1e-5  # the angles are fp32 products
+
+
+def test_an_export_killed_before_its_rename_is_cleared_by_the_next(tmp_path, capsys):
+    """SIGKILL (or a power cut) mid-export left DIR.<random>.tmp/ that no later export cleared. Its lock file,
+    held by no live process, marks it: the next export to DIR removes it. A folder of such a name without one is
+    the user's, and one whose lock a live export holds is that export's: both stay."""
+    from nanogpt.files import lock_folder, unlock_folder
+    from nanogpt.hf import EXPORT_LOCK
+
+    model = save_llama(tmp_path / "llama")
+    abandoned, users, live = (tmp_path / f"out.{name}.tmp" for name in ("x1y2", "mine", "live"))
+    for folder in (abandoned, users, live):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    (abandoned / EXPORT_LOCK).write_text("12345 host\n")  # its writer is gone: no process holds the lock
+    held = lock_folder(str(live), EXPORT_LOCK, "--export_hf", "another export")
+    code, out, err = script_cli(capsys, generate_tokens.main, "--init_from", model, "--export_hf", tmp_path / "out")
+    assert code == 0, err
+    assert not abandoned.exists() and users.exists() and live.exists()
+    assert (tmp_path / "out" / "config.json").is_file() and not (tmp_path / "out" / EXPORT_LOCK).exists()
+    unlock_folder(str(live), EXPORT_LOCK, held)
