@@ -1,0 +1,104 @@
+"""
+A training step on the CPU against build-nanogpt's, the same computation in one run: its train_gpt2.py
+(../shared/gpu/build_nanogpt_train_gpt2.py, made runnable by make_reference.py, at a 2-layer, 64-wide
+shape) and ours at the same shape, batch, data order and dtype, alternating A B B A ... on one thread;
+per program the median ms/step of the steps after the first few, and ours as a speed ratio to it.
+
+    python bench/bench_train_step.py --data_dir ../shared/bench_data                # bf16 autocast, as theirs
+    python bench/bench_train_step.py --data_dir ../shared/bench_data --dtype fp32   # both in fp32
+    python bench/bench_train_step.py --data_dir ../shared/bench_data --profile      # where our step's time goes
+
+A ratio from one run on one machine is the number; numbers from different runs are not compared. Run it on
+a quiet machine (nothing else on the cores).
+"""
+
+import argparse
+import glob
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
+STEP_MS = re.compile(r"step +(\d+)(?:/\d+)? \| loss:? [\d.]+ .*?dt:? ([\d.]+) ?ms")
+
+
+def npy_shards(data_dir, out):
+    """The benchmark's .bin shards as the .npy files build-nanogpt reads (same tokens, same order)."""
+    os.makedirs(out, exist_ok=True)
+    for path in sorted(glob.glob(os.path.join(data_dir, "*.bin"))):
+        header = np.fromfile(path, dtype=np.int32, count=256)
+        tokens = np.fromfile(path, dtype=np.uint16, offset=1024)
+        assert header[0] == 20240520 and len(tokens) == header[2], path
+        split = "val" if "_val_" in os.path.basename(path) else "train"
+        np.save(os.path.join(out, f"bench_{split}_{os.path.basename(path)[-10:-4]}.npy"), tokens)
+
+
+def reference_script(out, fp32):
+    """build-nanogpt's script as make_reference.py makes it; fp32: its bf16 autocast turned off."""
+    subprocess.run([sys.executable, os.path.join(SHARED_GPU, "make_reference.py"), out], check=True)
+    if fp32:
+        with open(out) as f:
+            text = f.read()
+        text = text.replace("with torch.autocast(device_type=device_type, dtype=torch.bfloat16):",
+                            "with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=False):")
+        with open(out, "w") as f:
+            f.write(text)
+
+
+def median_ms(text, skip):
+    steps = [float(ms) for step, ms in STEP_MS.findall(text) if int(step) >= skip]
+    return statistics.median(steps) if steps else float("nan")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", default=os.path.join(ROOT, "bench_data"))
+    p.add_argument("--batch_size", type=int, default=2)
+    p.add_argument("--seq_len", type=int, default=64)
+    p.add_argument("--total_batch_size", type=int, default=512)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--skip", type=int, default=5, help="steps left out of the median (warm-up)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="instead: cProfile of our steps, top 25 by own time")
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="bench_step_")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), REF_TINY="1", REF_B=str(args.batch_size),
+               REF_T=str(args.seq_len), REF_TOTAL=str(args.total_batch_size), REF_STEPS=str(args.steps),
+               REF_DATA=os.path.join(work, "npy"), REF_LOG=os.path.join(work, "reflog"))
+    ours = [os.path.join(ROOT, "train_gpt2.py"), "--model", "tiny", "--n_layer", "2", "--n_head", "2", "--n_embd", "64",
+            "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len), "--total_batch_size",
+            str(args.total_batch_size), "--max_steps", str(args.steps), "--no_shuffle", "--eval_every", "0",
+            "--hellaswag_every", "0", "--sample_every", "0", "--save_every", "0", "--device", "cpu", "--dtype",
+            args.dtype, "--no_compile", "--data_dir", args.data_dir, "--log_dir", os.path.join(work, "ourlog"),
+            "--overwrite"]
+    if args.profile:
+        subprocess.run([sys.executable, "-m", "cProfile", "-s", "tottime", *ours], env=env, check=True)
+        return
+    npy_shards(args.data_dir, env["REF_DATA"])
+    reference = os.path.join(work, "reference.py")
+    reference_script(reference, args.dtype == "fp32")
+    programs = {"build-nanogpt": [sys.executable, reference], "ours": [sys.executable, *ours]}
+    times = {name: [] for name in programs}
+    order = list(programs)
+    for round_ in range(args.rounds):
+        for name in order if round_ % 2 == 0 else reversed(order):
+            done = subprocess.run(programs[name], env=env, capture_output=True, text=True, cwd=work)
+            if done.returncode:
+                sys.exit(f"{name} failed: {done.stderr[-2000:]}")
+            times[name].append(median_ms(done.stdout, args.skip))
+            print(f"round {round_ + 1}: {name} {times[name][-1]:.2f} ms/step", flush=True)
+    ref, our = statistics.median(times["build-nanogpt"]), statistics.median(times["ours"])
+    print(f"{args.dtype}, {args.threads} thread(s), {args.total_batch_size} tokens/step ({args.batch_size} x "
+          f"{args.seq_len}): build-nanogpt {ref:.2f} ms/step, ours {our:.2f} ms/step, ours at {ref / our:.3f}x its speed")
+
+
+if __name__ == "__main__":
+    main()
