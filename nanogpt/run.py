@@ -17,7 +17,8 @@ from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpo
 from nanogpt.cli import UserError
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
-from nanogpt.runtime import (RankZeroWork, StopFlag, console, is_out_of_memory, peer_gone, peer_gone_error)
+from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, peer_gone,
+                             peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
@@ -38,12 +39,14 @@ class Run:
         self.step_times, self.bad_steps, self.val_loss = [], 0, None
 
     def __enter__(self):
-        self.old_handlers = {}
+        self.old_handlers, self.stuck_watch, self.saving = {}, None, False
         return self
 
     def __exit__(self, kind, error, traceback):
         for s, handler in self.old_handlers.items():
             signal.signal(s, handler)
+        if self.stuck_watch is not None:
+            self.stuck_watch.stop()
         self.log_file.close()
         if self.ddp and isinstance(error, RuntimeError) and peer_gone(error):
             raise peer_gone_error(error, self.args.log_dir, self.rank) from None
@@ -66,6 +69,8 @@ class Run:
         check_schedule(self.args, self.master)
         # from here SIGTERM (a scheduler's) and Ctrl-C end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.ddp:  # a process that a signal finds waiting for a dead one cannot run that handler
+            self.stuck_watch = StuckCollectiveWatch(self.args.log_dir, self.rank, lambda: self.saving).start()
         self.start_step, self.t_start = start_step, time.time()
 
     def due(self, step, every):
@@ -149,9 +154,13 @@ class Run:
         model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
-        save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
-                                                  tokens_seen, loader_state, self.scaler, self.args, self.device_type,
-                                                  self.lr_schedule.moved()))
+        self.saving = True  # a write to a slow disk is not a wait for a dead process (StuckCollectiveWatch)
+        try:
+            save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
+                                                      tokens_seen, loader_state, self.scaler, self.args,
+                                                      self.device_type, self.lr_schedule.moved()))
+        finally:
+            self.saving = False
         if self.args.keep_checkpoints:
             prune_checkpoints(self.args.log_dir, step, self.args.keep_checkpoints)
         self.say(f"saved {path}")

@@ -7,6 +7,8 @@ peer that is gone), and console output that survives a stdout it cannot write.
 import os
 import re
 import signal
+import threading
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -212,13 +214,59 @@ def peer_gone_error(e, log_dir, rank):
     Said by rank 0, and on every other node by its first process (which may have outlived rank 0); the
     other processes end quietly (exit 2): one line per machine, not one per process."""
     reason = PEER_GONE.search(str(e))
+    message = peer_gone_message(reason.group(0) if reason else brief(e), log_dir)
+    return UserError(message) if speaks_for_its_machine(rank) else ReportedByRankZero(message)
+
+
+def peer_gone_message(reason, log_dir):
     newest = find_checkpoints(log_dir)
     resume = (f"`--resume` continues from {newest[0]}" if newest
               else "it wrote no checkpoint yet, so the run starts over")
-    message = (f"another process of this run ended ({reason.group(0) if reason else brief(e)}), so this one stopped "
-               f"too; {resume}")
-    speaks = rank == 0 or (os.environ.get("LOCAL_RANK") == "0" and os.environ.get("GROUP_RANK", "0") != "0")
-    return UserError(message) if speaks else ReportedByRankZero(message)
+    return f"another process of this run ended ({reason}), so this one stopped too; {resume}"
+
+
+def speaks_for_its_machine(rank):
+    return rank == 0 or (os.environ.get("LOCAL_RANK") == "0" and os.environ.get("GROUP_RANK", "0") != "0")
+
+
+STUCK_GRACE_S = 10  # after SIGTERM/Ctrl-C, before a process idle in a collective ends itself (torchrun kills at 30 s)
+IDLE_WINDOW_S = 5   # idle: under a tenth of a CPU-second per second over this window
+
+
+class StuckCollectiveWatch:
+    """Under torchrun, SIGTERM or Ctrl-C ends a run after its step (StopFlag). But a process blocked in a
+    collective that waits for a process that has died (gloo's wait for ZeroRedundancyOptimizer's broadcasts,
+    an NCCL collective) never returns to Python, so its signal handler never runs: it said nothing until
+    torchrun SIGKILLed it 30 s later. This thread hears the signal through the interpreter's wake-up fd (the
+    C-level handler writes it at once); if the process then sits idle past STUCK_GRACE_S (not while
+    busy(): rank 0 writing a checkpoint), it prints the one line of a run that lost a process, and ends."""
+
+    def __init__(self, log_dir, rank, busy):
+        self.log_dir, self.rank, self.busy = log_dir, rank, busy
+
+    def start(self):
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # set_wakeup_fd's requirement: the handler never blocks
+        self.old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self.watch, args=(read_fd,), daemon=True).start()
+        return self
+
+    def stop(self):
+        signal.set_wakeup_fd(self.old_fd)
+
+    def watch(self, read_fd):
+        while os.read(read_fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
+            pass
+        time.sleep(STUCK_GRACE_S)
+        while True:
+            cpu = time.process_time()
+            time.sleep(IDLE_WINDOW_S)
+            if time.process_time() - cpu < 0.1 * IDLE_WINDOW_S and not self.busy():
+                break
+        waited = f"no answer in a collective for {STUCK_GRACE_S + IDLE_WINDOW_S} s after a stop signal"
+        if speaks_for_its_machine(self.rank):  # os.write: the main thread may hold sys.stderr's lock
+            os.write(2, f"error: {peer_gone_message(waited, self.log_dir)}\n".encode())
+        os._exit(2)
 
 
 def is_out_of_memory(e):

@@ -363,3 +363,54 @@ def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to
     assert find_checkpoints(log_dir)[0] == checkpoint
     train_gpt2.main([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8", "--resume"])
     assert sorted(read_log(log_dir)["train"]) == list(range(8))  # and the run carries on from it
+
+
+# train_gpt2.py whose rank 1 stops answering (alive, waiting forever) on its Nth call of a function of train_gpt2,
+# after printing "stuck" (rank 1 prints nothing else); the stuck-collective watch's grace and window shortened to 1 s
+STUCK_RANK = """
+import os, sys, threading
+import train_gpt2
+import nanogpt.runtime
+from nanogpt.cli import run_cli
+nanogpt.runtime.STUCK_GRACE_S = nanogpt.runtime.IDLE_WINDOW_S = 1
+name, n = sys.argv.pop(1), int(sys.argv.pop(1))
+real, calls = getattr(train_gpt2, name), []
+
+def stuck(*args, **kwargs):
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == n:
+        print("stuck", flush=True)
+        threading.Event().wait()
+    return real(*args, **kwargs)
+
+setattr(train_gpt2, name, stuck)
+run_cli(train_gpt2.main)
+"""
+
+
+def test_a_process_that_a_stop_signal_finds_waiting_for_a_dead_one_says_so_and_ends(shards, tmp_path):
+    """A signal cannot reach Python while its main thread waits in a collective for a process that no longer
+    answers (how --zero 1's rank 0 once waited until torchrun's SIGKILL, 30 s after a kill -9 of rank 1): the
+    watch hears it, and the process ends with the one line naming the checkpoint to resume."""
+    script, log_dir = tmp_path / "stuck.py", str(tmp_path / "log")
+    script.write_text(STUCK_RANK)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    cmd = [sys.executable, str(script), "sync_gradients", "4", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
+           "--max_steps", "8", "--eval_every", "0", "--save_every", "2", "--zero", "1"]
+    ranks = [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        # rank 1 is stuck from its line on: rank 0 waits in its next collective
+        assert ranks[1].stdout.readline() == "stuck\n", ranks[1].communicate()
+        ranks[0].send_signal(signal.SIGTERM)  # what torchrun sends to the others when one process dies
+        out, err = ranks[0].communicate(timeout=LIMIT_S)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    newest = find_checkpoints(log_dir)[0]
+    assert newest == os.path.join(log_dir, "model_00001.pt")  # saved every 2 steps; rank 1 stuck in step 3
+    assert_one_line_error(subprocess.CompletedProcess(cmd, ranks[0].returncode, out, err),
+                          "another process of this run ended (no answer in a collective",
+                          f"`--resume` continues from {newest}")
