@@ -223,12 +223,21 @@ def plot(results, tuned, path):
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+def finished_runs(out):
+    """{name: result} of every run under out that finished."""
+    results = {}
+    for name in sorted(os.listdir(out)):
+        if os.path.isfile(os.path.join(out, name, "result.json")):
+            with open(os.path.join(out, name, "result.json")) as f:
+                results[name] = json.load(f)
+    return results
+
+
 def time_runs(args):
     """CPU ms per step of the three tuned recipes, apart from the long runs: --timing_steps steps each, on all
     cores, in the order A B C C B A; per recipe the mean of its two medians (each over the steps after the first
     two)."""
-    results = {name: json.load(open(os.path.join(args.out, name, "result.json"))) for name in os.listdir(args.out)
-               if os.path.isfile(os.path.join(args.out, name, "result.json"))}
+    results = finished_runs(args.out)
     names = [f"{recipe}@{best(results, recipe)}" for recipe in RATES]
     times = {name: [] for name in names}
     for name in [*names, *reversed(names)]:
@@ -262,12 +271,15 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each on cores / jobs threads)")
     p.add_argument("--extra", default="", help="flags added to every run, given with '=', e.g. on a GPU: "
                                                "--extra='--device cuda --dtype bf16 --compile' (they win)")
-    p.add_argument("--stage", choices=["tune", "all"], default="all")
+    p.add_argument("--stage", choices=["tune", "all", "report"], default="all",
+                   help="report: only the tables and plot, from the runs under --out that finished")
     p.add_argument("--timing_steps", type=int, default=0, help="instead: time the tuned recipes (quiet machine)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.timing_steps:
         return time_runs(args)
+    if args.stage == "report":
+        return report(finished_runs(args.out), args)
     runs = {f"{recipe}@{rate}": recipe_flags(recipe, rate, args) for recipe, (_, rates) in RATES.items() for rate in rates}
     results = run_all(runs, args)
     if args.stage == "all":
