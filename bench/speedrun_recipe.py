@@ -211,10 +211,11 @@ def plot(results, tuned, path):
     curves = {f"{recipe} (tuned)": r for recipe, r in tuned.items()}
     curves.update({f"{recipe}, seed {SECOND_SEED}": results[f"{recipe}@seed2"] for recipe in ("modern", "speedrun")
                    if f"{recipe}@seed2" in results})
+    colors = {recipe: f"C{i}" for i, recipe in enumerate(RATES)}  # a recipe's seeds in one colour
     for label, r in curves.items():
         tokens = [int(t) / 1e6 for t in r["val"]]
         ax.plot(tokens, list(r["val"].values()), marker=".", label=f"{label}: {final(r):.3f}",
-                linestyle="--" if "seed" in label else "-")
+                linestyle="--" if "seed" in label else "-", color=colors[label.split()[0].rstrip(",")])
     ax.set_xlabel("tokens trained on (millions)")
     ax.set_ylabel("validation loss")
     ax.set_ylim(top=min(8.0, max(v for r in curves.values() for v in list(r["val"].values())[1:])))
