@@ -280,7 +280,10 @@ def main():
     if args.timing_steps:
         return time_runs(args)
     if args.stage == "report":
-        return report(finished_runs(args.out), args)
+        results = finished_runs(args.out)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        return report(results, args)
     runs = {f"{recipe}@{rate}": recipe_flags(recipe, rate, args) for recipe, (_, rates) in RATES.items() for rate in rates}
     results = run_all(runs, args)
     if args.stage == "all":
