@@ -13,7 +13,6 @@ a quiet machine (nothing else on the cores).
 """
 
 import argparse
-import glob
 import os
 import re
 import statistics
@@ -24,19 +23,18 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from nanogpt.shards import list_shards, read_shard  # noqa: E402
 SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
 STEP_MS = re.compile(r"step +(\d+)(?:/\d+)? \| loss:? [\d.]+ .*?dt:? ([\d.]+) ?ms")
 
 
 def npy_shards(data_dir, out):
-    """The benchmark's .bin shards as the .npy files build-nanogpt reads (same tokens, same order)."""
+    """The benchmark's shards as the .npy files build-nanogpt reads (same tokens, same order)."""
     os.makedirs(out, exist_ok=True)
-    for path in sorted(glob.glob(os.path.join(data_dir, "*.bin"))):
-        header = np.fromfile(path, dtype=np.int32, count=256)
-        tokens = np.fromfile(path, dtype=np.uint16, offset=1024)
-        assert header[0] == 20240520 and len(tokens) == header[2], path
-        split = "val" if "_val_" in os.path.basename(path) else "train"
-        np.save(os.path.join(out, f"bench_{split}_{os.path.basename(path)[-10:-4]}.npy"), tokens)
+    for split in ("train", "val"):
+        for i, path in enumerate(list_shards(data_dir, split)):
+            np.save(os.path.join(out, f"bench_{split}_{i:06d}.npy"), read_shard(path))
 
 
 def reference_script(out, fp32):

@@ -208,17 +208,17 @@ def plot(results, tuned, path):
 
     fig = Figure(figsize=(8, 5))
     ax = fig.add_subplot()
-    curves = {f"{recipe} (tuned)": r for recipe, r in tuned.items()}
-    curves.update({f"{recipe}, seed {SECOND_SEED}": results[f"{recipe}@seed2"] for recipe in ("modern", "speedrun")
-                   if f"{recipe}@seed2" in results})
+    curves = [(recipe, f"{recipe} (tuned)", "-", r) for recipe, r in tuned.items()]
+    curves += [(recipe, f"{recipe}, seed {SECOND_SEED}", "--", results[f"{recipe}@seed2"])
+               for recipe in ("modern", "speedrun") if f"{recipe}@seed2" in results]
     colors = {recipe: f"C{i}" for i, recipe in enumerate(RATES)}  # a recipe's seeds in one colour
-    for label, r in curves.items():
+    for recipe, label, linestyle, r in curves:
         tokens = [int(t) / 1e6 for t in r["val"]]
-        ax.plot(tokens, list(r["val"].values()), marker=".", label=f"{label}: {final(r):.3f}",
-                linestyle="--" if "seed" in label else "-", color=colors[label.split()[0].rstrip(",")])
+        ax.plot(tokens, list(r["val"].values()), marker=".", label=f"{label}: {final(r):.3f}", linestyle=linestyle,
+                color=colors[recipe])
     ax.set_xlabel("tokens trained on (millions)")
     ax.set_ylabel("validation loss")
-    ax.set_ylim(top=min(8.0, max(v for r in curves.values() for v in list(r["val"].values())[1:])))
+    ax.set_ylim(top=min(8.0, max(v for *_, r in curves for v in list(r["val"].values())[1:])))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -281,11 +281,10 @@ def main():
         return time_runs(args)
     if args.stage == "report":
         results = finished_runs(args.out)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        return report(results, args)
-    runs = {f"{recipe}@{rate}": recipe_flags(recipe, rate, args) for recipe, (_, rates) in RATES.items() for rate in rates}
-    results = run_all(runs, args)
+    else:
+        runs = {f"{recipe}@{rate}": recipe_flags(recipe, rate, args) for recipe, (_, rates) in RATES.items()
+                for rate in rates}
+        results = run_all(runs, args)
     if args.stage == "all":
         speedrun = recipe_flags("speedrun", best(results, "speedrun"), args)
         more = {"speedrun@seed2": [*speedrun, "--seed", str(SECOND_SEED)],

@@ -39,15 +39,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_ranks(argv, nproc=2, rank0_setup=None, script="train_gpt2.py"):
-    """Run train_gpt2.py (or script) as the nproc ranks of one job; each rank's CompletedProcess, rank 0 first.
-    rank0_setup: a preexec_fn for rank 0 alone."""
+def start_ranks(argv, nproc=2, rank0_setup=None, script="train_gpt2.py"):
+    """Start train_gpt2.py (or script) as the nproc ranks of one job, their output piped; (command, processes),
+    rank 0 first. rank0_setup: a preexec_fn for rank 0 alone."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
     cmd = [sys.executable, script, *argv]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, preexec_fn=rank0_setup if r == 0 else None)
-             for r in range(nproc)]
+    return cmd, [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, preexec_fn=rank0_setup if r == 0 else None)
+                 for r in range(nproc)]
+
+
+def launch_ranks(argv, nproc=2, rank0_setup=None, script="train_gpt2.py"):
+    """Run train_gpt2.py (or script) as the nproc ranks of one job; each rank's CompletedProcess, rank 0 first.
+    rank0_setup: a preexec_fn for rank 0 alone."""
+    cmd, procs = start_ranks(argv, nproc, rank0_setup, script)
     try:
         outputs = [p.communicate(timeout=LIMIT_S) for p in procs]
         return [subprocess.CompletedProcess(cmd, p.returncode, *out) for p, out in zip(procs, outputs)]
@@ -327,21 +333,28 @@ def test_a_resume_on_a_process_count_that_cannot_split_the_batch_names_those_tha
     assert folder_state(log_dir) == before
 
 
-# train_gpt2.py whose rank 1 dies by SIGKILL (no clean-up at all) on its Nth call of a function of train_gpt2
-DYING_RANK = """
-import os, signal, sys
+# train_gpt2.py whose rank 1 fails on its Nth call of a function of train_gpt2: "die" by SIGKILL (no clean-up at all),
+# or "hang": print "stuck" (rank 1 prints nothing else) and wait forever, alive; the stuck-collective watch's grace
+# and window shortened to 1 s
+FAILING_RANK = """
+import os, signal, sys, threading
 import train_gpt2
+import nanogpt.runtime
 from nanogpt.cli import run_cli
-name, n = sys.argv.pop(1), int(sys.argv.pop(1))
+nanogpt.runtime.STUCK_GRACE_S = nanogpt.runtime.IDLE_WINDOW_S = 1
+how, name, n = sys.argv.pop(1), sys.argv.pop(1), int(sys.argv.pop(1))
 real, calls = getattr(train_gpt2, name), []
 
-def dying(*args, **kwargs):
+def failing(*args, **kwargs):
     calls.append(1)
     if os.environ["RANK"] == "1" and len(calls) == n:
-        os.kill(os.getpid(), signal.SIGKILL)
+        if how == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("stuck", flush=True)
+        threading.Event().wait()
     return real(*args, **kwargs)
 
-setattr(train_gpt2, name, dying)
+setattr(train_gpt2, name, failing)
 run_cli(train_gpt2.main)
 """
 
@@ -353,9 +366,9 @@ def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to
     """Rank 1 killed in its 4th step (step 3): rank 0 first saves step 2's state, as on any failure mid-step;
     killed in its 3rd validation (step 4, validating every 2): the newest checkpoint is step 3's (saving every 2)."""
     script = tmp_path / "dying.py"
-    script.write_text(DYING_RANK)
+    script.write_text(FAILING_RANK)
     log_dir = str(tmp_path / "log")
-    ranks = launch_ranks([name, str(n), *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8",
+    ranks = launch_ranks(["die", name, str(n), *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "8",
                           "--eval_every", "2", "--save_every", "2"], script=str(script))
     assert ranks[1].returncode == -signal.SIGKILL
     checkpoint = os.path.join(log_dir, f"model_{newest:05d}.pt")
@@ -365,41 +378,15 @@ def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to
     assert sorted(read_log(log_dir)["train"]) == list(range(8))  # and the run carries on from it
 
 
-# train_gpt2.py whose rank 1 stops answering (alive, waiting forever) on its Nth call of a function of train_gpt2,
-# after printing "stuck" (rank 1 prints nothing else); the stuck-collective watch's grace and window shortened to 1 s
-STUCK_RANK = """
-import os, sys, threading
-import train_gpt2
-import nanogpt.runtime
-from nanogpt.cli import run_cli
-nanogpt.runtime.STUCK_GRACE_S = nanogpt.runtime.IDLE_WINDOW_S = 1
-name, n = sys.argv.pop(1), int(sys.argv.pop(1))
-real, calls = getattr(train_gpt2, name), []
-
-def stuck(*args, **kwargs):
-    calls.append(1)
-    if os.environ["RANK"] == "1" and len(calls) == n:
-        print("stuck", flush=True)
-        threading.Event().wait()
-    return real(*args, **kwargs)
-
-setattr(train_gpt2, name, stuck)
-run_cli(train_gpt2.main)
-"""
-
-
 def test_a_process_that_a_stop_signal_finds_waiting_for_a_dead_one_says_so_and_ends(shards, tmp_path):
     """A signal cannot reach Python while its main thread waits in a collective for a process that no longer
     answers (how --zero 1's rank 0 once waited until torchrun's SIGKILL, 30 s after a kill -9 of rank 1): the
     watch hears it, and the process ends with the one line naming the checkpoint to resume."""
     script, log_dir = tmp_path / "stuck.py", str(tmp_path / "log")
-    script.write_text(STUCK_RANK)
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    cmd = [sys.executable, str(script), "sync_gradients", "4", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
-           "--max_steps", "8", "--eval_every", "0", "--save_every", "2", "--zero", "1"]
-    ranks = [subprocess.Popen(cmd, cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    script.write_text(FAILING_RANK)
+    cmd, ranks = start_ranks(["hang", "sync_gradients", "4", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
+                              "--max_steps", "8", "--eval_every", "0", "--save_every", "2", "--zero", "1"],
+                             script=str(script))
     try:
         # rank 1 is stuck from its line on: rank 0 waits in its next collective
         assert ranks[1].stdout.readline() == "stuck\n", ranks[1].communicate()
