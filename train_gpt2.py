@@ -38,7 +38,7 @@ from nanogpt.optimizers import groups_by_role, muon_with_adamw
 from nanogpt.run import Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
-                             pick_device, pick_dtype)
+                             pick_device, pick_dtype, use_huge_pages)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
                             shard_shipped_text, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
@@ -355,10 +355,12 @@ class GPT(nn.Module):
         # One row on a CPU: the logits are a matrix-vector product with the 50257 x n_embd head, a third
         # of a d12 step, and MKL does it ~1.5x faster from an (in, out) copy of the weight than from
         # nn.Linear's (out, in). The copy costs what ~30 tokens save, so only longer runs make one. (Not
-        # under autocast, which would convert the copy at every step; not for a wrapped/quantised head.)
+        # under autocast, which would convert the copy at every step; not for a wrapped/quantised head; not
+        # for a head already stored that way, as generate_tokens.py lays out a model on the CPU.)
         head_t = None
         if (cache is not None and idx.device.type == "cpu" and B == 1 and max_new_tokens >= 32
-                and type(self.lm_head) is nn.Linear and not torch.is_autocast_enabled("cpu")):
+                and type(self.lm_head) is nn.Linear and self.lm_head.weight.is_contiguous()
+                and not torch.is_autocast_enabled("cpu")):
             head_t = self.lm_head.weight[:GPT2_VOCAB_SIZE].t().contiguous()
 
         # logits of the GPT2_VOCAB_SIZE real tokens only: the padding rows are never sampled
@@ -1209,6 +1211,7 @@ def parse_args(argv=None, saved_args=None):
 
 
 def main(argv=None):
+    use_huge_pages()  # before the first tensor: fewer page faults for every step's new activations on the CPU
     args = parse_args(argv)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None

@@ -11,7 +11,9 @@ part of the tests).
 One sample (batch 1), a random prompt of --prompt_len tokens, greedy, --new_tokens new tokens with no
 stop token, so every run makes the same number of tokens. Our model is a random d12 (GPT-2 124M shape,
 vocabulary padded to 50304); export_hf writes it as a transformers directory (vocabulary 50257) and
-transformers loads it from there, so both models hold the same weights. For each --busy and --threads
+transformers loads it from there, so both models hold the same weights. On a CPU "ours" is the model
+as generate_tokens.py samples from it there (its Linear weights laid out by lay_out_for_cpu_sampling),
+and "ours, nn.Linear layout" the model as built, for comparison. For each --busy and --threads
 setting the contenders run alternately (the order rotating), --reps times after a warm-up, and the
 table shows the median tokens/s. Both must produce the same tokens; the table says whether they did.
 
@@ -20,13 +22,15 @@ machine where other jobs compete for the cores. --baseline REV also times GPT.ge
 train_gpt2.py at git revision REV (same weights), so before/after numbers come from one run.
 
 --int8_vs_hf (CPU): greedy decoding of the same random weights (GPT-2's 50257-token vocabulary, so
-all three do the same arithmetic) three ways: GPT.generate in fp32, GPT.generate on generate_tokens'
+all three do the same arithmetic) three ways: GPT.generate in fp32 on the model as generate_tokens.py lays
+it out on a CPU, GPT.generate on generate_tokens'
 --int8 model, and transformers' GPT2LMHeadModel.generate (its own KV cache, do_sample=False, exactly
 --new_tokens tokens). For each thread count in --threads, the three alternate within every rep, so
 load from other processes hits them alike; the median of --reps is reported.
 """
 
 import argparse
+import copy
 import importlib.util
 import os
 import statistics
@@ -39,6 +43,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from generate_tokens import lay_out_for_cpu_sampling  # noqa: E402
 from nanogpt.cli import run_cli  # noqa: E402
 from nanogpt.hf import export_hf, hf_to_our_state_dict  # noqa: E402
 from nanogpt.runtime import autocast_context, pick_device  # noqa: E402
@@ -84,7 +89,6 @@ class Burners:
 
 def int8_vs_hf(args):
     """fp32 vs int8 vs transformers, greedy, on the CPU; prints a markdown table."""
-    import copy
     import platform
     import tempfile
 
@@ -98,6 +102,7 @@ def int8_vs_hf(args):
         export_hf(fp32, os.path.join(tmp, "hf"))
         hf = GPT2LMHeadModel.from_pretrained(os.path.join(tmp, "hf")).eval()
     int8 = quantize_int8(copy.deepcopy(fp32))
+    lay_out_for_cpu_sampling(fp32)  # as generate_tokens.py samples in fp32 on a CPU
     idx = torch.randint(0, GPT2_VOCAB_SIZE, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     n = args.new_tokens
 
@@ -108,7 +113,7 @@ def int8_vs_hf(args):
         return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n,
                            do_sample=False, pad_token_id=50256)
 
-    runs = {"fp32 (GPT.generate)": ours(fp32), "int8 (--int8)": ours(int8), "transformers fp32": transformers_generate}
+    runs = {"fp32 (generate_tokens.py)": ours(fp32), "int8 (--int8)": ours(int8), "transformers fp32": transformers_generate}
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -119,7 +124,7 @@ def int8_vs_hf(args):
           f"torch {torch.__version__} | greedy, batch 1, prompt {args.prompt_len}, {n} new tokens | reps {args.reps}")
     with torch.no_grad():
         outs = {name: fn()[0, args.prompt_len:] for name, fn in runs.items()}  # warm-up, and the tokens
-    ref = outs["fp32 (GPT.generate)"]
+    ref = outs["fp32 (generate_tokens.py)"]
     for name, out in outs.items():
         assert out.numel() == n, (name, out.numel())
         same = (out == ref).tolist()
@@ -191,6 +196,9 @@ def main():
             assert torch.equal(back[k].to(v.device), v[: back[k].size(0)]), k
         contenders["transformers"] = hf
     ours.to(device)
+    if device_type == "cpu":  # "ours" is what generate_tokens.py samples from on a CPU; the layout as built beside it
+        rest = {k: v for k, v in contenders.items() if k != "ours"}
+        contenders = {"ours": lay_out_for_cpu_sampling(copy.deepcopy(ours)), "ours, nn.Linear layout": ours, **rest}
 
     idx = torch.randint(0, 50257, (1, args.prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
     attention_mask = torch.ones_like(idx)

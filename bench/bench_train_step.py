@@ -7,6 +7,16 @@ per program the median ms/step of the steps after the first few, and ours as a s
     python bench/bench_train_step.py --data_dir ../shared/bench_data                # bf16 autocast, as theirs
     python bench/bench_train_step.py --data_dir ../shared/bench_data --dtype fp32   # both in fp32
     python bench/bench_train_step.py --data_dir ../shared/bench_data --profile      # where our step's time goes
+    python bench/bench_train_step.py --same_process --batch_size 8 --seq_len 32     # the models alone, one process
+
+--same_process leaves the two programs' loops out: build-nanogpt's GPT class (the script's part above its
+data loader) and ours, holding the same weights, each take a full step (forward, backward, clipping, AdamW)
+on the same batch in one process, alternating, --steps times each; the medians and their ratio. Where the
+two programs differ by more than this, the difference is in the loop or is the noise between processes.
+
+Ours asks torch for huge pages for its big CPU tensors (nanogpt.runtime.use_huge_pages), build-nanogpt's script
+does not; --reference_huge_pages gives the reference the same switch (THP_MEM_ALLOC_ENABLE=1), and
+THP_MEM_ALLOC_ENABLE=0 in the environment turns it off for both, so each part of a difference can be measured.
 
 A ratio from one run on one machine is the number; numbers from different runs are not compared. Run it on
 a quiet machine (nothing else on the cores).
@@ -19,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -54,6 +65,50 @@ def median_ms(text, skip):
     return statistics.median(steps) if steps else float("nan")
 
 
+def same_process(args):
+    """Both GPTs, the same weights and batch, a full fp32 step each, alternating in this process."""
+    import torch
+
+    from train_gpt2 import GPT, GPTConfig
+
+    with tempfile.TemporaryDirectory() as work:
+        reference = os.path.join(work, "reference.py")
+        reference_script(reference, fp32=True)
+        with open(reference) as f:
+            source = f.read()
+    classes = {}  # the script up to its data loader: imports, the model, its config
+    exec(compile(source[: source.index("\nimport numpy as np")], "build_nanogpt_model", "exec"), classes)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    shape = dict(vocab_size=50304, n_layer=2, n_head=2, n_embd=64, block_size=1024)
+    models = {"build-nanogpt": classes["GPT"](classes["GPTConfig"](**shape)), "ours": GPT(GPTConfig(**shape))}
+    models["ours"].load_state_dict(models["build-nanogpt"].state_dict())
+    x, y = torch.randint(0, 50257, (2, args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(1))
+
+    def stepper(model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=False)
+
+        def step():
+            _, loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return step
+
+    steps = {name: stepper(model) for name, model in models.items()}
+    times = {name: [] for name in steps}
+    for i in range(args.skip + args.steps):
+        for name in steps if i % 2 else reversed(steps):
+            t0 = time.perf_counter()
+            steps[name]()
+            if i >= args.skip:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    ref, our = statistics.median(times["build-nanogpt"]), statistics.median(times["ours"])
+    print(f"same process, fp32, {args.threads} thread(s), {args.batch_size} x {args.seq_len}, {args.steps} steps each: "
+          f"build-nanogpt {ref:.2f} ms/step, ours {our:.2f} ms/step, ours at {ref / our:.3f}x its speed")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", default=os.path.join(ROOT, "bench_data"))
@@ -66,7 +121,14 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="instead: cProfile of our steps, top 25 by own time")
+    p.add_argument("--reference_huge_pages", action="store_true",
+                   help="run build-nanogpt's script with THP_MEM_ALLOC_ENABLE=1 too (ours sets it itself)")
+    p.add_argument("--same_process", action="store_true",
+                   help="instead: both models' steps in this process, alternating (fp32; no data folder needed)")
     args = p.parse_args()
+    if args.same_process:
+        same_process(args)
+        return
     work = tempfile.mkdtemp(prefix="bench_step_")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), REF_TINY="1", REF_B=str(args.batch_size),
                REF_T=str(args.seq_len), REF_TOTAL=str(args.total_batch_size), REF_STEPS=str(args.steps),
@@ -84,16 +146,20 @@ def main():
     reference = os.path.join(work, "reference.py")
     reference_script(reference, args.dtype == "fp32")
     programs = {"build-nanogpt": [sys.executable, reference], "ours": [sys.executable, *ours]}
+    reference_env = dict(env, THP_MEM_ALLOC_ENABLE="1") if args.reference_huge_pages else env
     times = {name: [] for name in programs}
     order = list(programs)
     for round_ in range(args.rounds):
         for name in order if round_ % 2 == 0 else reversed(order):
-            done = subprocess.run(programs[name], env=env, capture_output=True, text=True, cwd=work)
+            done = subprocess.run(programs[name], env=reference_env if name == "build-nanogpt" else env,
+                                  capture_output=True, text=True, cwd=work)
             if done.returncode:
                 sys.exit(f"{name} failed: {done.stderr[-2000:]}")
             times[name].append(median_ms(done.stdout, args.skip))
             print(f"round {round_ + 1}: {name} {times[name][-1]:.2f} ms/step", flush=True)
     ref, our = statistics.median(times["build-nanogpt"]), statistics.median(times["ours"])
+    switch = {"ours": env.get("THP_MEM_ALLOC_ENABLE", "1"), "build-nanogpt": reference_env.get("THP_MEM_ALLOC_ENABLE", "0")}
+    print("huge pages: " + ", ".join(f"{name} {'on' if value == '1' else 'off'}" for name, value in switch.items()))
     print(f"{args.dtype}, {args.threads} thread(s), {args.total_batch_size} tokens/step ({args.batch_size} x "
           f"{args.seq_len}): build-nanogpt {ref:.2f} ms/step, ours {our:.2f} ms/step, ours at {ref / our:.3f}x its speed")
 

@@ -176,4 +176,7 @@ class Run:
 
 
 def weights_finite(model):
-    return bool(torch.isfinite(torch.stack([p.detach().float().abs().max() for p in model.parameters()])).all())
+    # the largest and smallest entry of each tensor: NaN and +-inf show there, and no temporary the size of the
+    # weights is made (amax/amin, not aminmax: --fsdp's sharded tensors have no aminmax)
+    extremes = [torch.stack((p.detach().amax(), p.detach().amin())).float() for p in model.parameters() if p.numel()]
+    return bool(torch.isfinite(torch.stack(extremes)).all()) if extremes else True

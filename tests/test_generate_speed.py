@@ -4,8 +4,11 @@ The cached path runs the prompt once, computes logits for the last position only
 one row and >= 32 new tokens multiplies by a transposed copy of the head. Whichever way it goes, greedy
 decoding must pick the tokens of the plain loop (the whole sequence through the model, argmax of the
 last logits) and of transformers' generate on the same weights, and sampling with a seed must pick the
-tokens of the uncached path. CPU, offline, tiny models. Run: python -m pytest -q tests/test_generate_speed.py
+tokens of the uncached path. The same holds for a model whose Linear weights generate_tokens.py has laid
+out for sampling on a CPU (stored transposed; no head copy then). CPU, offline, tiny models. Run: python -m pytest -q tests/test_generate_speed.py
 """
+
+import copy
 
 import pytest
 import torch
@@ -160,3 +163,51 @@ def test_two_threads():
         assert torch.equal(model.generate(idx, LONG, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(3)), sampled)
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_cpu_sampling_layout_keeps_the_model(arch):
+    # generate_tokens.py stores every Linear weight transposed in memory on a CPU: the same values and shapes,
+    # the embedding still tied to the head (GPT-2; llama's is untied), and sampling gives the tokens of the model as built.
+    from generate_tokens import lay_out_for_cpu_sampling
+    from train_gpt2 import GPT, GPTConfig
+
+    torch.manual_seed(21)
+    config = dict(block_size=64, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
+    if arch == "llama":
+        config.update(arch="llama", n_kv_head=1, mlp_act="swiglu")
+    built = GPT(GPTConfig(**config)).eval()
+    with torch.no_grad():
+        for p in built.parameters():
+            if p.dim() == 2:
+                p.mul_(15)  # clear argmax winners, as peaked_tiny_gpt
+    before = {k: v.clone() for k, v in built.state_dict().items()}
+    laid_out = lay_out_for_cpu_sampling(copy.deepcopy(built))
+    linears = [m for m in laid_out.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
+    assert (laid_out.transformer.wte.weight is laid_out.lm_head.weight) == laid_out.config.tie_embeddings
+    after = laid_out.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    idx = prompt(1, 6, seed=8)
+    want, gap = plain_greedy(built, idx, LONG)
+    assert gap > 1e-3
+    assert torch.equal(laid_out.generate(idx, LONG, temperature=0), want)
+    kw = dict(temperature=1.0, top_k=20)
+    sampled = built.generate(idx, LONG, generator=torch.Generator().manual_seed(9), use_cache=False, **kw)
+    assert torch.equal(laid_out.generate(idx, LONG, generator=torch.Generator().manual_seed(9), **kw), sampled)
+
+
+def test_a_laid_out_head_is_not_copied():
+    # the transposed copy of the head is for nn.Linear's layout only; a laid-out head is already that way
+    from generate_tokens import lay_out_for_cpu_sampling
+
+    seen = []
+    model = tiny_model(seed=18)
+    decode_step = model.decode_step
+    model.decode_step = lambda tokens, cache, head_t=None: seen.append(head_t is None) or decode_step(tokens, cache, head_t)
+    idx = prompt(1, 4, seed=9)
+    model.generate(idx, LONG, temperature=0)
+    assert seen and not any(seen)  # as built: the copy serves every step
+    seen.clear()
+    lay_out_for_cpu_sampling(model).generate(idx, LONG, temperature=0)
+    assert seen and all(seen)

@@ -305,6 +305,39 @@ def test_too_many_bad_steps_stop_and_name_the_last_good_checkpoint(shards, tmp_p
     assert max_weight_diff(w1, w3) == 0
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 0.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_weights_health_check_finds_every_non_finite_value(value, dtype):
+    from nanogpt.run import weights_finite
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4)).to(dtype)
+    model.register_parameter("empty", torch.nn.Parameter(torch.empty(0, dtype=dtype)))
+    with torch.no_grad():
+        model[0].weight[2, 5] = value
+    want = all(bool(torch.isfinite(p).all()) for p in model.parameters())  # the reference: every entry looked at
+    assert weights_finite(model) == want
+    assert want == (abs(float(torch.tensor(value, dtype=dtype))) < float("inf"))  # the case is what it says
+
+
+def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monkeypatch):
+    # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at once
+    log_dir = str(tmp_path / "log")
+    step = torch.optim.AdamW.step
+
+    def breaking_step(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        breaking_step.calls += 1
+        if breaking_step.calls == 3:
+            with torch.no_grad():
+                self.param_groups[0]["params"][-1].view(-1)[0] = float("inf")
+        return out
+
+    breaking_step.calls = 0
+    monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
+    with pytest.raises(train_gpt2.UserError, match=r"the update of step 2 made the weights non-finite .*model_00001\.pt"):
+        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2")
+
+
 def test_verify_data_against_manifest(shards, tmp_path):
     names = sorted(os.listdir(shards))
     manifest = {"shards": [{"name": n, "sha256": hashlib.sha256(open(os.path.join(shards, n), "rb").read()).hexdigest()} for n in names]}
