@@ -45,7 +45,9 @@ def page_faults(script, switch=None):
 @pytest.fixture(scope="module")
 def huge_pages_work_here():
     off, on = page_faults("", "0"), page_faults("", "1")
-    assert off > PAGES / 2  # 4 KB pages: the measurement sees them
+    if off < PAGES / 2:
+        pytest.skip(f"this machine gives big blocks huge pages unasked (transparent huge pages 'always'): "
+                    f"{off:.0f} page faults per 64 MB with the switch off")
     if on > off / 8:
         pytest.skip(f"transparent huge pages are off on this machine (THP_MEM_ALLOC_ENABLE=1: {on:.0f} page faults "
                     f"per 64 MB, {off:.0f} without)")
