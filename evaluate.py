@@ -41,7 +41,6 @@ from nanogpt.cli import INT_MAX, CLIParser, UserError, add_system_flags, add_wei
 from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
                                 score_rows, scoring_context, text_lines)
 from nanogpt.files import atomic_write
-from nanogpt.runtime import use_huge_pages
 from nanogpt.tokenizer import get_tokenizer
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -515,7 +514,6 @@ def write_json(path, result):
 def main(argv=None):
     from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
-    use_huge_pages()  # before the first tensor (nanogpt.runtime)
     args = parse_args(argv)
     with evaluation_run(args, setup_distributed, load_model) as run:  # torchrun: one share per process
         tasks = from_rank0(lambda: load_tasks(args.eval_bundle, args.tasks, args.max_per_task), run.ddp, run.rank,

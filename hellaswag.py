@@ -32,7 +32,6 @@ import torch
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
 from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
                                 score_rows, scoring_context, text_lines)
-from nanogpt.runtime import use_huge_pages
 from nanogpt.tokenizer import get_tokenizer
 
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
@@ -297,7 +296,6 @@ def parse_args(argv=None):
 def main(argv=None):
     from train_gpt2 import load_model, setup_distributed  # here: train_gpt2 imports this file at its top
 
-    use_huge_pages()  # before the first tensor (nanogpt.runtime)
     args = parse_args(argv)
     with evaluation_run(args, setup_distributed, load_model) as run:  # torchrun: one share per process
         examples = examples_from_rank0(args.data, args.limit, run.ddp, run.rank, run.device, args.cache_dir)

@@ -38,7 +38,7 @@ from nanogpt.optimizers import groups_by_role, muon_with_adamw
 from nanogpt.run import Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
-                             pick_device, pick_dtype, use_huge_pages)
+                             pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
                             shard_shipped_text, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
@@ -1211,7 +1211,6 @@ def parse_args(argv=None, saved_args=None):
 
 
 def main(argv=None):
-    use_huge_pages()  # before the first tensor: fewer page faults for every step's new activations on the CPU
     args = parse_args(argv)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None

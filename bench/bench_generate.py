@@ -13,7 +13,9 @@ stop token, so every run makes the same number of tokens. Our model is a random 
 vocabulary padded to 50304); export_hf writes it as a transformers directory (vocabulary 50257) and
 transformers loads it from there, so both models hold the same weights. On a CPU "ours" is the model
 as generate_tokens.py samples from it there (its Linear weights laid out by lay_out_for_cpu_sampling),
-and "ours, nn.Linear layout" the model as built, for comparison. For each --busy and --threads
+and "ours, nn.Linear layout" the model as built, for comparison. Like generate_tokens.py, the benchmark
+asks torch for huge pages for its big CPU tensors (all contenders' weights; THP_MEM_ALLOC_ENABLE=0 in the
+environment turns that off). For each --busy and --threads
 setting the contenders run alternately (the order rotating), --reps times after a warm-up, and the
 table shows the median tokens/s. Both must produce the same tokens; the table says whether they did.
 
@@ -43,7 +45,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from generate_tokens import lay_out_for_cpu_sampling  # noqa: E402
+from generate_tokens import lay_out_for_cpu_sampling, use_huge_pages  # noqa: E402
 from nanogpt.cli import run_cli  # noqa: E402
 from nanogpt.hf import export_hf, hf_to_our_state_dict  # noqa: E402
 from nanogpt.runtime import autocast_context, pick_device  # noqa: E402
@@ -167,6 +169,7 @@ def main():
     p.add_argument("--dtype", default="fp32", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--int8_vs_hf", action="store_true", help="CPU: greedy fp32 vs --int8 vs transformers' generate")
     args = p.parse_args()
+    use_huge_pages()  # as generate_tokens.py samples (before the first tensor); THP_MEM_ALLOC_ENABLE=0: off
     if args.int8_vs_hf:
         int8_vs_hf(args)
         return

@@ -14,9 +14,8 @@ data loader) and ours, holding the same weights, each take a full step (forward,
 on the same batch in one process, alternating, --steps times each; the medians and their ratio. Where the
 two programs differ by more than this, the difference is in the loop or is the noise between processes.
 
-Ours asks torch for huge pages for its big CPU tensors (nanogpt.runtime.use_huge_pages), build-nanogpt's script
-does not; --reference_huge_pages gives the reference the same switch (THP_MEM_ALLOC_ENABLE=1), and
-THP_MEM_ALLOC_ENABLE=0 in the environment turns it off for both, so each part of a difference can be measured.
+--huge_pages ours|both runs ours, or both programs, with torch's THP_MEM_ALLOC_ENABLE=1 (CPU tensors of 2 MB and
+more on huge pages, docs/speed.md); by default neither has it, as each runs out of the box.
 
 A ratio from one run on one machine is the number; numbers from different runs are not compared. Run it on
 a quiet machine (nothing else on the cores).
@@ -121,8 +120,8 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="instead: cProfile of our steps, top 25 by own time")
-    p.add_argument("--reference_huge_pages", action="store_true",
-                   help="run build-nanogpt's script with THP_MEM_ALLOC_ENABLE=1 too (ours sets it itself)")
+    p.add_argument("--huge_pages", choices=["none", "ours", "both"], default="none",
+                   help="which programs run with THP_MEM_ALLOC_ENABLE=1 (torch's huge pages for big CPU tensors)")
     p.add_argument("--same_process", action="store_true",
                    help="instead: both models' steps in this process, alternating (fp32; no data folder needed)")
     args = p.parse_args()
@@ -146,20 +145,20 @@ def main():
     reference = os.path.join(work, "reference.py")
     reference_script(reference, args.dtype == "fp32")
     programs = {"build-nanogpt": [sys.executable, reference], "ours": [sys.executable, *ours]}
-    reference_env = dict(env, THP_MEM_ALLOC_ENABLE="1") if args.reference_huge_pages else env
+    envs = {name: dict(env, THP_MEM_ALLOC_ENABLE="1" if args.huge_pages in (name, "both") else "0")
+            for name in ("build-nanogpt", "ours")}
     times = {name: [] for name in programs}
     order = list(programs)
     for round_ in range(args.rounds):
         for name in order if round_ % 2 == 0 else reversed(order):
-            done = subprocess.run(programs[name], env=reference_env if name == "build-nanogpt" else env,
-                                  capture_output=True, text=True, cwd=work)
+            done = subprocess.run(programs[name], env=envs[name], capture_output=True, text=True, cwd=work)
             if done.returncode:
                 sys.exit(f"{name} failed: {done.stderr[-2000:]}")
             times[name].append(median_ms(done.stdout, args.skip))
             print(f"round {round_ + 1}: {name} {times[name][-1]:.2f} ms/step", flush=True)
     ref, our = statistics.median(times["build-nanogpt"]), statistics.median(times["ours"])
-    switch = {"ours": env.get("THP_MEM_ALLOC_ENABLE", "1"), "build-nanogpt": reference_env.get("THP_MEM_ALLOC_ENABLE", "0")}
-    print("huge pages: " + ", ".join(f"{name} {'on' if value == '1' else 'off'}" for name, value in switch.items()))
+    print("huge pages: " + ", ".join(f"{name} {'on' if e['THP_MEM_ALLOC_ENABLE'] == '1' else 'off'}"
+                                     for name, e in envs.items()))
     print(f"{args.dtype}, {args.threads} thread(s), {args.total_batch_size} tokens/step ({args.batch_size} x "
           f"{args.seq_len}): build-nanogpt {ref:.2f} ms/step, ours {our:.2f} ms/step, ours at {ref / our:.3f}x its speed")
 

@@ -64,16 +64,6 @@ def peak_flops(device):
     return None
 
 
-def use_huge_pages():
-    """Ask torch to put CPU tensors of 2 MB and more on huge pages (its THP_MEM_ALLOC_ENABLE, Linux, where
-    transparent huge pages are on or on request). A training step allocates its big activations afresh
-    every step, and each new 4 KB page the kernel hands out is a page fault: at a small model's shape on
-    the CPU half the step went there (docs/speed.md); 2 MB pages take 512 times fewer. torch reads the
-    switch once, at the process's first CPU tensor, so a script calls this first thing in main(); a value
-    the user set is kept (0 turns it off)."""
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-
 def compile_by_default(device_type):
     """torch.compile is on unless asked otherwise where it pays off: CUDA GPUs."""
     return device_type == "cuda"
