@@ -143,7 +143,7 @@ def use_huge_pages():
     TLB entries (d12 sampling on a 2-core AMD EPYC: 41 against 38 tokens/s, docs/evaluation.md). torch reads
     the switch once, at the process's first CPU tensor, so main() calls this first; a value the user set is
     kept (0 turns it off). train_gpt2.py leaves it to the user: it made a tiny model's CPU step up to 1.9x
-    faster and a d12's 7% slower (docs/speed.md)."""
+    faster and a d12's 8% slower (docs/speed.md)."""
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 

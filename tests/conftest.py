@@ -167,11 +167,12 @@ def assert_cli_error(result, *needles):
         assert needle in lines[0], lines[0]
 
 
-def peaked_tiny_gpt(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32):
+def peaked_tiny_gpt(seed=0, block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, **options):
     """A tiny GPT in eval mode whose logits have clear winners: at init (std 0.02) they are nearly tied,
-    so rounding could flip an argmax; scaling the matrices x15 separates them."""
+    so rounding could flip an argmax; scaling the matrices x15 separates them. options: other GPTConfig fields."""
     torch.manual_seed(seed)
-    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer,
+                                                n_head=n_head, n_embd=n_embd, **options))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

@@ -25,8 +25,8 @@ LONG = 40  # new tokens: enough for the transposed-head path (32 or more, one ro
 SHORT = 12  # too few for it: the plain lm_head
 
 
-def tiny_model(seed, block_size=64, vocab_size=96, **shape):
-    return peaked_tiny_gpt(seed, block_size, vocab_size, **shape)
+def tiny_model(seed, block_size=64, vocab_size=96, **config):
+    return peaked_tiny_gpt(seed, block_size, vocab_size, **config)
 
 
 def prompt(rows, length, seed, vocab=96):
@@ -170,17 +170,9 @@ def test_the_cpu_sampling_layout_keeps_the_model(arch):
     # generate_tokens.py stores every Linear weight transposed in memory on a CPU: the same values and shapes,
     # the embedding still tied to the head (GPT-2; llama's is untied), and sampling gives the tokens of the model as built.
     from generate_tokens import lay_out_for_cpu_sampling
-    from train_gpt2 import GPT, GPTConfig
 
-    torch.manual_seed(21)
-    config = dict(block_size=64, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
-    if arch == "llama":
-        config.update(arch="llama", n_kv_head=1, mlp_act="swiglu")
-    built = GPT(GPTConfig(**config)).eval()
-    with torch.no_grad():
-        for p in built.parameters():
-            if p.dim() == 2:
-                p.mul_(15)  # clear argmax winners, as peaked_tiny_gpt
+    options = dict(arch="llama", n_kv_head=1, mlp_act="swiglu") if arch == "llama" else {}
+    built = tiny_model(seed=21, **options)
     before = {k: v.clone() for k, v in built.state_dict().items()}
     laid_out = lay_out_for_cpu_sampling(copy.deepcopy(built))
     linears = [m for m in laid_out.modules() if isinstance(m, nn.Linear)]
