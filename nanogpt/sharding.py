@@ -45,10 +45,11 @@ def shard_model(model, dtype, device_type, use_compile):
 
 def zero_redundancy(optimizer):
     """ZeRO-1: a ZeroRedundancyOptimizer over the optimizer's groups and settings, so that each rank keeps
-    the AdamW state of its share of the parameters."""
+    the AdamW state of its share of the parameters. Every key of every group travels (the loop's "lr_scale"
+    of the rates by role among them), so each group trains at the rate it would in one process."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+    groups = [dict(g) for g in optimizer.param_groups]
     settings = {k: optimizer.defaults[k] for k in ("lr", "betas", "eps", "fused")}
     return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **settings)
 

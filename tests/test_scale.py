@@ -133,6 +133,31 @@ def test_zero1_and_fsdp_match_ddp_and_one_process(runs):
     assert runs["out"]["fsdp"].count("step     5/6 | loss") == 1  # rank 0 alone prints
 
 
+@pytest.mark.parametrize("extra", [["--embed_lr", "0.3", "--head_lr", "1e-4", "--scalar_lr", "0.05"],
+                                   ["--recipe", "speedrun", "--optimizer", "adamw"]], ids=["gpt2-rates-by-role", "speedrun-adamw"])
+def test_zero1_keeps_the_rates_by_role(tmp_path, extra):
+    """Each AdamW group's rate (its "lr_scale" times the scheduled rate) holds under --zero 1, for GPT-2 with rates
+    by role and for the speedrun recipe: the groups it saves are one process's, and its weights and optimizer state
+    are DDP's bit for bit (the same averaged gradients, each parameter's update made on one rank; DDP against one
+    process is test_zero1_and_fsdp_match_ddp_and_one_process's). A group stepped at --max_lr instead (3e-3 against
+    an embedding rate of 0.3 here) leaves other weights. --fsdp builds its groups on the sharded model: the same
+    groups, and weights within 4x the one-process-to-DDP rounding distance."""
+    data = make_shards(str(tmp_path / "data"))
+    one_process(data, str(tmp_path / "one"), *extra)
+    for name, more in (("ddp", []), ("zero", ["--zero", "1"]), ("fsdp", ["--fsdp"])):
+        two_processes(data, str(tmp_path / name), *extra, *more)
+    one_ckpt, ddp_ckpt, zero_ckpt, fsdp_ckpt = (
+        torch.load(os.path.join(str(tmp_path / name), "model_00005.pt"), weights_only=True)
+        for name in ("one", "ddp", "zero", "fsdp"))
+    assert len({g["lr_scale"] for g in one_ckpt["optimizer"]["param_groups"]}) > 1  # the rates do differ by role
+    for ckpt in (zero_ckpt, fsdp_ckpt):
+        assert ckpt["optimizer"]["param_groups"] == one_ckpt["optimizer"]["param_groups"]
+    assert max_weight_diff(ddp_ckpt["model"], zero_ckpt["model"]) == 0
+    noise = max_weight_diff(one_ckpt["model"], ddp_ckpt["model"])
+    assert max_weight_diff(ddp_ckpt["model"], fsdp_ckpt["model"]) <= 4 * noise, noise
+    assert_same_optimizer_state(zero_ckpt["optimizer"], ddp_ckpt["optimizer"])
+
+
 def test_the_tolerance_catches_a_doubled_gradient(runs, monkeypatch):
     """What a sum-instead-of-average bug looks like: the same run with every gradient doubled."""
     clip_grad_norm = train_gpt2.clip_grad_norm  # the loop's first use of the accumulated gradients
