@@ -21,6 +21,15 @@ from nanogpt.shards import write_shard  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the full suite's (torchrun, torch.compile, faults, trackers, the data "
                                        "pipeline); `pytest -m \"not slow\"` is the quick check of a model change")
+    config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU, skipped without CUDA; `pytest -m cuda tests` runs "
+                                       "them all (bench/gpu_check.sh does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("cuda"):
+                item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
 def cycle_tokens(n, period=48, seed=0):

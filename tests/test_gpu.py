@@ -7,7 +7,7 @@ import train_gpt2
 from conftest import make_shards, read_log, write_hellaswag
 from train_gpt2 import GPT, GPTConfig
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 
 def small_model(seed=0):

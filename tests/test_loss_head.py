@@ -370,7 +370,7 @@ def test_gpt_chunked_under_ddp(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # CUDA (skipped without a GPU)
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+cuda = pytest.mark.cuda
 
 
 @cuda

@@ -1,0 +1,89 @@
+"""
+The table bench/gpu_check.sh ends with, read from its logs folder: each stage's exit, seconds and, for a
+training run, its summary line's ms/step, tokens/s and peak memory; each resumed run's log against the
+straight run's (one run: the same steps, each logged once, the values after the checkpoint equal within
+--tolerance, exactly with --exact). Exits 1 if anything failed, so the check reads as one pass or fail.
+
+    python bench/gpu_check_report.py LOGS_DIR [--exact]
+"""
+
+import argparse
+import csv
+import os
+import re
+import sys
+
+SUMMARY_RE = re.compile(r"summary: .*?median ([\d.]+) ms/step.*?\| ([\d,]+) tok/s.*?peak memory ([\d.]+) GiB")
+# bf16 kernels on a GPU are not bit-deterministic (atomic adds in the backward): a resumed run's losses may
+# differ from the straight run's in the last digits; 1e-3 of a loss near 10 is far above that and far below
+# what a wrong data position or optimizer state does (a different batch moves a loss by ~1e-1)
+GPU_TOLERANCE = 1e-3
+
+
+def read_log(path):
+    """[(step, kind, value)] of a log.txt, in order."""
+    with open(path) as f:
+        return [(int(s), k, float(v)) for s, k, v in (line.split()[:3] for line in f if line.strip())]
+
+
+def compare_resume(straight_path, resumed_path, tolerance):
+    """'' if the resumed log reads as the straight run (each (step, kind) once, the same entries, values
+    within tolerance), else what differs."""
+    straight, resumed = read_log(straight_path), read_log(resumed_path)
+    keys = [(s, k) for s, k, _ in resumed]
+    if len(set(keys)) != len(keys):
+        return "an entry logged twice"
+    if sorted(keys) != sorted((s, k) for s, k, _ in straight):
+        return f"entries differ: {len(resumed)} resumed, {len(straight)} straight"
+    want = {(s, k): v for s, k, v in straight}
+    worst = max(abs(v - want[(s, k)]) for s, k, v in resumed)
+    return "" if worst <= tolerance else f"max difference {worst:.2e} > {tolerance:.0e}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("logs")
+    p.add_argument("--exact", action="store_true", help="resumed logs equal to the straight ones exactly (CPU, fp32)")
+    args = p.parse_args(argv)
+    tolerance = 0.0 if args.exact else GPU_TOLERANCE
+    env = os.path.join(args.logs, "env.txt")
+    if os.path.exists(env):
+        print(open(env).read().strip())
+    failed = False
+    print(f"{'stage':<22} {'result':<18} {'s':>5} {'ms/step':>9} {'tok/s':>10} {'peak GiB':>9}  notes")
+    with open(os.path.join(args.logs, "runs.tsv")) as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    for name, rc, seconds in rows:
+        numbers, notes = ("", "", ""), ""
+        log = os.path.join(args.logs, f"{name}.txt")
+        text = open(log, errors="replace").read() if os.path.exists(log) else ""
+        if rc.isdigit():
+            result = "ok" if rc == "0" else f"FAILED (exit {rc})"
+            failed |= rc != "0"
+        else:
+            result = rc  # "skipped: no CUDA", "no checkpoint"
+            failed |= not rc.startswith("skipped")
+        m = SUMMARY_RE.search(text)
+        if m:
+            numbers = m.groups()
+        straight = os.path.join(args.logs, f"{name}.straight_log.txt")
+        if os.path.exists(straight) and rc == "0":
+            problem = compare_resume(straight, os.path.join(args.logs, f"{name}.resumed_log.txt"), tolerance)
+            notes = problem or f"log reads as one run (within {tolerance:g})"
+            if problem:
+                result, failed = "FAILED (resume)", True
+        if name == "tests":
+            tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)]
+            notes = tail[-1] if tail else ""
+        if name == "sampling_speed" and rc == "0":  # bench_generate.py's table: its last row, tokens/s and "same tokens"
+            table = [line.strip() for line in text.splitlines() if line.startswith("| ")]
+            notes = "tok/s " + table[-1] if table else "no table"
+            if not table or not table[-1].endswith("| yes |"):
+                result, failed = "FAILED (tokens)", True
+        print(f"{name:<22} {result:<18} {seconds:>5} {numbers[0]:>9} {numbers[1]:>10} {numbers[2]:>9}  {notes}")
+    print("gpu check: " + ("FAILED" if failed else "passed"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
