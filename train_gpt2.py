@@ -35,12 +35,14 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
 from nanogpt.optimizers import groups_by_role, muon_with_adamw
-from nanogpt.run import Run
+from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
                              pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
                             shard_shipped_text, verify_shards)
+from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_in_memory,
+                             trial_step)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
 
@@ -150,6 +152,7 @@ RECIPES = {
                      lr_schedule="wsd", warmdown_frac=0.4, min_lr_frac=0.05),
 }
 MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
+BATCH_SIZE = 64  # --batch_size's default, the lecture's micro-batch (on a GPU the largest auto tries)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
 
@@ -838,7 +841,6 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
         model, raw_model, optimizer, scaler = setup.model, setup.raw_model, setup.optimizer, setup.scaler
         train_loader, tokens_seen = setup.train_loader, setup.tokens_seen
         tokenizer = get_tokenizer() if args.sample_every else None
-        micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
 
         for step in range(setup.start_step, args.max_steps):
             # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model);
@@ -866,22 +868,25 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             # --------------- TRAINING SECTION BEGIN -----------------------------------------
             model.train()
             t0 = time.time()
-            grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
-                                                      args.batch_size_warmup_tokens, args.batch_size_start)
-            loss_accum = torch.zeros((), device=device)
-            with run.keeping_progress(step):  # a failure here first saves the last step's state
-                for micro_step in range(grad_accum_steps):
-                    x, y = train_loader.next_batch()
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    if ddp:  # all-reduce (FSDP: reduce-scatter) the gradients on the last micro-step only
-                        sync_gradients(model, micro_step == grad_accum_steps - 1)
-                    with autocast:
-                        _, loss = model(x, y)
-                    # we have to scale the loss to account for gradient accumulation, because the gradients
-                    # just add on each successive backward(): a sum, where we want the mean over the batch
-                    loss = loss / grad_accum_steps
-                    loss_accum += loss.detach()
-                    scaler.scale(loss).backward()
+            attempt = Attempt(retry=True)
+            while attempt.retry:  # out of memory, the step runs again from its start at a smaller micro-batch
+                micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
+                grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
+                                                          args.batch_size_warmup_tokens, args.batch_size_start)
+                loss_accum = torch.zeros((), device=device)
+                with run.keeping_progress(step, attempt):  # a failure here first saves the last step's state
+                    for micro_step in range(grad_accum_steps):
+                        x, y = train_loader.next_batch()
+                        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                        if ddp:  # all-reduce (FSDP: reduce-scatter) the gradients on the last micro-step only
+                            sync_gradients(model, micro_step == grad_accum_steps - 1)
+                        with autocast:
+                            _, loss = model(x, y)
+                        # we have to scale the loss to account for gradient accumulation, because the gradients
+                        # just add on each successive backward(): a sum, where we want the mean over the batch
+                        loss = loss / grad_accum_steps
+                        loss_accum += loss.detach()
+                        scaler.scale(loss).backward()
             loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
             scaler.unscale_(optimizer)
             norm = clip_grad_norm(raw_model, args.grad_clip)
@@ -932,16 +937,19 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if device_type == "cuda":
         torch.cuda.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
-    arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
-    arguments.check_batch_warmup(args, world_size)
     with torch.device("meta"):  # the parameters counted without allocating them
         n_params = make_gpt(config).num_params()
-    arguments.check_memory(config, n_params, args, dtype, device_type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    fit = fits_by_trial(args, ckpt, device_type)
+    if fit or args.batch_size == "auto":  # the largest micro-batch it may take; a trial below picks the one that fits
+        args.batch_size = largest_batch_size(args, config, n_params, dtype, device_type, world_size, local_world_size)
+    arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
+    arguments.check_batch_warmup(args, world_size)
+    arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
         run.on_rank0(verify_shards, args.data_dir)
-    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
     use_compile = choose_compile(args.compile, device, run.say)
 
     if ckpt is not None:
@@ -963,11 +971,20 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if zero:
         optimizer = zero_redundancy(optimizer)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-    start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
-        ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
-
     model = raw_model if fsdp or not use_compile else torch.compile(raw_model)
     eval_model = model  # compiled, without the DDP wrapper: validation and HellaSwag run on every rank alone
+    if fit and not fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
+        reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
+        trial = lambda b: trial_step(eval_model, optimizer, b, args.seq_len, device, autocast_context(device_type, dtype),  # noqa: E731
+                                     reserve)
+        candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
+        args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
+                                         run.say)
+        if device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()  # the summary's peak is the run's, not the trials'
+    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
+    start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
+        ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
     if ddp and not fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -986,6 +1003,27 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
                          score_core=score_core, start_step=start_step, tokens_seen=tokens_seen)
+
+
+def fits_by_trial(args, ckpt, device_type):
+    """Whether this run picks its micro-batch by trial: --batch_size auto, or on a GPU (CUDA, MPS) the default
+    (the preset's, 64 for GPT-2) on a fresh run. A resumed run keeps its checkpoint's unless told; on a CPU the
+    default stays the lecture's, as given."""
+    return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
+
+
+def largest_batch_size(args, config, n_params, dtype, device_type, world_size, local_world_size):
+    """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
+    up to the preset's micro-batch; on a CPU, whose out-of-memory the kernel answers by killing the process, the
+    largest whose estimated memory (arguments.estimated_bytes) is available."""
+    cap = args.batch_size if args.batch_size != "auto" else RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
+    candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
+    have = arguments.available_memory_bytes() if device_type == "cpu" else None
+    if have is not None:
+        candidates = [b for b in candidates
+                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype) * local_world_size <= have
+                      ] or candidates[-1:]
+    return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 
 
 def model_config(args, saved_config=None):
@@ -1104,7 +1142,9 @@ def build_parser():
     g.add_argument("--scalar_lr", type=float, default=None,
                    help="AdamW's peak rate for the 1-D parameters: gains, biases, learned scalars (default: --max_lr)")
     g = p.add_argument_group("batch and schedule")
-    g.add_argument("--batch_size", type=int, default=64, help="micro-batch size per process")
+    g.add_argument("--batch_size", type=batch_size_arg, default=BATCH_SIZE,
+                   help="micro-batch size per process, or auto: the largest up to the preset's that fits (the default "
+                        "on CUDA and MPS; a step that runs out of memory later runs again at half; docs/training.md)")
     g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
     g.add_argument("--total_batch_size", type=int, default=524288,
                    help="tokens per optimizer step; gradient accumulation makes it up")

@@ -45,6 +45,8 @@ def check_args(args, run_presets):
     if args.hellaswag_limit is not None:
         counts["hellaswag_limit"] = 1
     for name, low in counts.items():
+        if name == "batch_size" and args.batch_size == "auto":
+            continue
         if not low <= getattr(args, name) <= INT_MAX:
             raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
     if not 0 <= args.seed < 2**63:

@@ -9,12 +9,14 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from nanogpt.arguments import check_schedule
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
+from nanogpt.fitting import release_memory, smaller_batch_size
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
 from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, peer_gone,
@@ -84,23 +86,46 @@ class Run:
         self.rank0.do(self.log_file.record, step, line, scalars)
 
     @contextmanager
-    def keeping_progress(self, step):
+    def keeping_progress(self, step, attempt=None):
         """Around a step's forward and backward passes: if they fail (out of memory, an error, Ctrl-C met in
         a collective), the weights are still those after the last step, so that state is saved first (plain
-        and DDP runs; sharded state cannot be gathered while other ranks may be failing)."""
+        and DDP runs; sharded state cannot be gathered while other ranks may be failing). With attempt (the
+        training step's), an out-of-memory in one process is instead readied to run again at a smaller
+        micro-batch (attempt.retry)."""
         loader_state = self.loader.state_dict()
+        if attempt is not None:
+            attempt.retry = False
         try:
             yield
         except BaseException as e:
-            if (self.master and step > self.start_step and not self.saved_at(step - 1)
-                    and not (self.zero or self.fsdp)):
-                path = self.save(step - 1, loader_state, self.tokens_seen)
-                self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
-            if isinstance(e, Exception) and is_out_of_memory(e):
-                memory = "GPU memory" if isinstance(e, torch.OutOfMemoryError) else "memory"
-                raise UserError(f"out of {memory} at batch_size {self.args.batch_size} x seq_len {self.args.seq_len}; "
-                                "lower --batch_size (gradient accumulation keeps --total_batch_size)") from None
-            raise
+            out_of_memory = isinstance(e, Exception) and is_out_of_memory(e)
+            if attempt is not None and out_of_memory and self.ready_smaller_micro_batch(step, loader_state):
+                attempt.retry = True
+            else:
+                if (self.master and step > self.start_step and not self.saved_at(step - 1)
+                        and not (self.zero or self.fsdp)):
+                    path = self.save(step - 1, loader_state, self.tokens_seen)
+                    self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
+                if out_of_memory:
+                    raise out_of_memory_error(e, self.args.batch_size, self.args.seq_len) from None
+                raise
+        if attempt is not None and attempt.retry:  # the failed try's tensors are free now: give the cache back too
+            release_memory(self.device_type)
+
+    def ready_smaller_micro_batch(self, step, loader_state):
+        """After the training step ran out of memory in one process: its gradients dropped, the data position
+        rewound to the step's start and the micro-batch made smaller (kept in args, so checkpoints save it), saying
+        so. False where it cannot be: at a micro-batch of 1, or under torchrun, whose other processes are in the
+        step's collectives already."""
+        smaller = smaller_batch_size(self.args.batch_size)
+        if self.ddp or smaller is None:
+            return False
+        self.optimizer.zero_grad(set_to_none=True)
+        self.say(f"step {step}: out of memory at micro-batch {self.args.batch_size}; the step runs again from its start "
+                 f"at {smaller} (gradient accumulation keeps --total_batch_size), and the run goes on at {smaller}")
+        self.args.batch_size = self.loader.B = smaller
+        self.loader.load_state_dict(loader_state)
+        return True
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health."""
@@ -173,6 +198,21 @@ class Run:
         self.say(run_summary(self.step_times, self.flops_per_token, self.peak, self.device_type, self.val_loss,
                              time.time() - self.t_start, tokens_seen, epoch_tokens,
                              self.start_step + len(self.step_times)))
+
+
+@dataclass
+class Attempt:
+    """A training step's try: retry is set when it ran out of memory and runs again at a smaller micro-batch."""
+    retry: bool = True
+
+
+def out_of_memory_error(e, batch_size, seq_len):
+    """The one line for an out-of-memory that ends the run: what to lower."""
+    memory = "GPU memory" if isinstance(e, torch.OutOfMemoryError) else "memory"
+    smaller = smaller_batch_size(batch_size)
+    fix = (f"lower --batch_size (to {smaller}: gradient accumulation keeps --total_batch_size)" if smaller else
+           "lower --seq_len, pick a smaller --model, or try --recompute or --loss_impl chunked")
+    return UserError(f"out of {memory} at batch_size {batch_size} x seq_len {seq_len}; {fix}")
 
 
 def weights_finite(model):

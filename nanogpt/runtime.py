@@ -270,5 +270,7 @@ class StuckCollectiveWatch:
 
 
 def is_out_of_memory(e):
-    """Whether an exception is running out of memory: a GPU's (torch.OutOfMemoryError) or a CPU allocator's."""
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
+    """Whether an exception is running out of memory: a GPU's (torch.OutOfMemoryError), Apple's (MPS) or a CPU
+    allocator's."""
+    return isinstance(e, torch.OutOfMemoryError) or any(
+        words in str(e) for words in ("can't allocate memory", "not enough memory", "MPS backend out of memory"))

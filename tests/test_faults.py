@@ -404,7 +404,8 @@ def test_a_torchrun_worker_ends_with_its_exit_code_and_all_its_output(body, code
 
 
 def test_out_of_memory_mid_run_is_one_line_and_keeps_the_progress(shards, tmp_path, monkeypatch):
-    """A GPU that runs out of memory at step 3: the error names the batch and the fix, and steps 0-2 are saved."""
+    """A GPU that runs out of memory at step 3 whatever the micro-batch: the step is tried again at 2 and at 1 rows, then
+    the error names the batch and the fix, and steps 0-2 are saved."""
     forward, calls = train_gpt2.GPT.forward, {"n": 0}
 
     def forward_until_oom(self, idx, targets=None):
@@ -415,7 +416,7 @@ def test_out_of_memory_mid_run_is_one_line_and_keeps_the_progress(shards, tmp_pa
 
     monkeypatch.setattr(train_gpt2.GPT, "forward", forward_until_oom)
     log_dir = str(tmp_path / "log")
-    with pytest.raises(train_gpt2.UserError, match=r"out of GPU memory at batch_size 4 x seq_len 32; lower --batch_size"):
+    with pytest.raises(train_gpt2.UserError, match=r"out of GPU memory at batch_size 1 x seq_len 32; lower --seq_len"):
         train(shards, log_dir, "--max_steps", "10", "--eval_every", "0", "--save_every", "0")
     saved = find_checkpoints(log_dir)
     assert [load_checkpoint(p)["step"] for p in saved] == [2]

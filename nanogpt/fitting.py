@@ -1,0 +1,136 @@
+"""
+The micro-batch that fits the device (docs/training.md, "Fitting the GPU"). Gradient accumulation makes the
+micro-batch a free choice: any divisor of a process's share of --total_batch_size trains the same run up to
+float rounding. `--batch_size auto` (the default on CUDA and MPS) tries the largest first with one real
+training step that changes nothing, and takes the first that fits on every process; a step that runs out of
+memory later is run again from its start at half the micro-batch.
+"""
+
+import gc
+
+import torch
+
+from nanogpt.cli import UserError
+from nanogpt.optimizers import MuonWithAdamW
+from nanogpt.runtime import is_out_of_memory
+
+
+def batch_size_arg(text):
+    """--batch_size: a positive whole number, or auto."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{text!r} is neither a positive whole number nor auto")
+    return value
+
+
+def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):
+    """Micro-batches a process may take, largest first: the divisors of its share of the total batch (in rows of
+    seq_len tokens) up to cap. [] when the share is not whole rows (check_batch_split then names the fix)."""
+    rows, left = divmod(total_batch_size, seq_len * world_size)
+    if left or rows < 1:
+        return []
+    return [b for b in range(min(cap, rows), 0, -1) if rows % b == 0]
+
+
+def smaller_batch_size(batch_size):
+    """The micro-batch a step that ran out of memory is tried again at: the largest divisor of batch_size up to
+    half of it (half, when it is even), so that it still splits the total batch; None below 2."""
+    return next((b for b in range(batch_size // 2, 0, -1) if batch_size % b == 0), None)
+
+
+def local_optimizers(optimizer):
+    """The torch optimizers this process steps itself: ZeroRedundancyOptimizer's own share (whose step() would
+    broadcast to the others), Muon's and AdamW's beside each other, or the optimizer."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
+
+
+def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
+    """One training step's forward, backward and optimizer step at this micro-batch, changing nothing: the
+    tokens are zeros (no random draw, no data read), the optimizer steps at a rate of 0 on zero gradients (the
+    weights stay as they are, bit for bit), and its state, made by that step, is dropped again (the trial runs
+    before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
+    gradient buckets). Raises what the step raises: an out-of-memory among others."""
+    reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
+    try:
+        x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+        with autocast:
+            _, loss = model(x, x)
+        loss.backward()
+        del loss
+        for opt in local_optimizers(optimizer):
+            rates = [group["lr"] for group in opt.param_groups]
+            for group in opt.param_groups:
+                group["lr"] = 0.0
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.zero_()
+            try:
+                opt.step()
+            finally:
+                for group, rate in zip(opt.param_groups, rates):
+                    group["lr"] = rate
+    finally:
+        del reserve
+        for opt in local_optimizers(optimizer):
+            opt.state.clear()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def release_memory(device_type):
+    """Give back what a failed step left: its tensors (held by the exception's frames until now) and, on a GPU,
+    the allocator's cached blocks, so the next try starts from the same free memory."""
+    gc.collect()
+    if device_type == "cuda":
+        torch.cuda.empty_cache()
+    elif device_type == "mps":
+        torch.mps.empty_cache()
+
+
+def fit_batch_size(candidates, fits, agree, say):
+    """The first of candidates (largest first) for which fits(batch_size) holds on every process: agree(ok) is
+    every process's verdict together (all of them call it for the same candidate). Raises UserError when
+    none does."""
+    tried = []
+    for batch_size in candidates:
+        if agree(fits(batch_size)):
+            if tried:
+                say(f"--batch_size auto: {', '.join(map(str, tried))} did not fit; micro-batch {batch_size}")
+            return batch_size
+        tried.append(batch_size)
+    raise UserError("--batch_size auto: not even a micro-batch of 1 fits in memory; lower --seq_len, pick a smaller "
+                    "--model, or try --recompute or --loss_impl chunked")
+
+
+def fits_in_memory(step, device_type):
+    """A function of batch_size: whether step(batch_size) ran without running out of memory (any other error
+    is raised)."""
+    def fits(batch_size):
+        try:
+            step(batch_size)
+            return True
+        except Exception as e:  # noqa: BLE001 (only an out-of-memory is an answer; the rest is raised)
+            if not is_out_of_memory(e):
+                raise
+        release_memory(device_type)
+        return False
+    return fits
+
+
+def every_rank_agrees(ddp, device):
+    """agree() for fit_batch_size: True only where every process's ok is (an all-reduce of the minimum)."""
+    if not ddp:
+        return bool
+
+    def agree(ok):
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(ok)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+    return agree
