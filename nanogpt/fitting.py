@@ -29,12 +29,14 @@ def batch_size_arg(text):
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):
-    """Micro-batches a process may take, largest first: the divisors of its share of the total batch (in rows of
-    seq_len tokens) up to cap. [] when the share is not whole rows (check_batch_split then names the fix)."""
+    """Micro-batches a process may take, largest first: the largest divisor of its share of the total batch (in
+    rows of seq_len tokens) up to cap, then that one's divisors, so that each splits the ones before it (as a
+    --batch_size_start ramp needs). [] when the share is not whole rows (check_batch_split then names the fix)."""
     rows, left = divmod(total_batch_size, seq_len * world_size)
     if left or rows < 1:
         return []
-    return [b for b in range(min(cap, rows), 0, -1) if rows % b == 0]
+    largest = next(b for b in range(min(cap, rows), 0, -1) if rows % b == 0)
+    return [b for b in range(largest, 0, -1) if largest % b == 0]
 
 
 def smaller_batch_size(batch_size):

@@ -36,6 +36,7 @@ def logs_and_weights_equal(a, b, step=5):
 def test_candidates_and_halving():
     assert candidate_batch_sizes(256, 32, 1, 8) == [8, 4, 2, 1]
     assert candidate_batch_sizes(24 * 32, 32, 2, 64) == [12, 6, 4, 3, 2, 1]  # 12 rows a process
+    assert candidate_batch_sizes(96 * 32, 32, 1, 64) == [48, 24, 16, 12, 8, 6, 4, 3, 2, 1]  # 32 would not split 48
     assert candidate_batch_sizes(100, 32, 1, 8) == []  # not whole rows: check_batch_split names it
     assert [smaller_batch_size(b) for b in (8, 6, 3, 5, 2, 1)] == [4, 3, 1, 1, 1, None]
 
