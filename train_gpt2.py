@@ -1127,8 +1127,9 @@ def build_parser():
     add_config_flags(g, GPTConfig)  # --n_layer, --arch, ...: every field of GPTConfig
     g = p.add_argument_group("recipe and optimizer (docs/recipes.md)")
     g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES),
-                   help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon "
-                        "(flags you give still win)")
+                   help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon; speedrun: "
+                        "--arch speedrun with the GPT-2 speedruns' optimizer set-up (Muon with momentum warm-up, AdamW "
+                        "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
                    help="muon: torch.optim.Muon on the blocks' weight matrices, AdamW (at --max_lr) on the rest")
     g.add_argument("--muon_lr", type=float, default=MUON_LR,

@@ -221,4 +221,5 @@ def add_weights_flags(group, checkpoint=True, init_from_default=None):
         group.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
     scratch = "scratch (a new model), " if init_from_default == "scratch" else ""
     group.add_argument("--init_from", default=init_from_default,
-                       help=f"{scratch}gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local HF GPT-2 directory")
+                       help=f"{scratch}gpt2, gpt2-medium, gpt2-large, gpt2-xl (the Hugging Face hub), or a local "
+                            "transformers folder of a GPT-2, Llama or Qwen3 model")

@@ -77,3 +77,16 @@ def test_parse_marked_names_the_flags_given_even_at_their_defaults():
     parser.add_argument("path", nargs="?", default="x")
     assert parser.parse_marked([]).explicit == set() and parser.parse_marked(["-vv", "p"]).explicit == {"v"}
     assert parser.parse_marked(["-vv", "p"]).v == 2
+
+
+def test_the_help_names_every_recipe_and_every_model_init_from_reads():
+    """--recipe's help describes each recipe train_gpt2.py has, and --init_from's each kind of transformers model
+    the import reads (nanogpt.hf)."""
+    import nanogpt.hf
+
+    parser = train_gpt2.build_parser()
+    helps = {a.dest: a.help for a in parser._actions}
+    assert all(f"{name}:" in helps["recipe"] for name in train_gpt2.RECIPES), helps["recipe"]
+    for kind in ("GPT-2", "Llama", "Qwen3"):
+        assert kind.lower().replace("-", "") in open(nanogpt.hf.__file__).read().lower()  # the import reads it
+        assert kind in helps["init_from"], helps["init_from"]

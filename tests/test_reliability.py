@@ -1,4 +1,4 @@
-"""Issue 7: exact resume, preemption by real signals, crash-safe files, non-finite steps, bad input."""
+"""Exact resume, preemption by real signals, crash-safe files, non-finite steps, bad input."""
 
 import errno
 import hashlib
