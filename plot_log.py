@@ -26,8 +26,9 @@ points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still
 A reference line is drawn only where it lies inside the panel's y-range, which the run's values (and the
 zoom) set and the line never widens, so a short run's curves are not squashed by it.
 
---out must end in .png and be a new file or an existing PNG: the log itself, or any other existing file
-that is not a PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
+--out must end in .png and be a new file or an existing PNG (or a FIFO or character device, written in place):
+the log itself, or any other existing file that is not a PNG, is refused, so a slip of the command line cannot
+destroy a log. This module does not import torch.
 """
 
 import math
