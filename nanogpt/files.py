@@ -91,10 +91,10 @@ def check_output_file(path, flag):
         raise UserError(f"{flag} is empty; give a file name")
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None  # a new file, or a link to one
-    except OSError as e:  # a loop of links, a path through a file
-        raise UserError(f"{flag} {path}: {e.strerror or e}; give another file") from None
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None  # a new file, or a link to one; a path through a file is a missing folder's, below
+    except OSError as e:  # a loop of links, a name too long
+        raise UserError(f"cannot write {flag} {path} ({e.strerror or e}); give another file") from None
     if mode is not None and stat.S_ISDIR(mode):
         raise UserError(f"{flag} {path} is a folder; give a file name")
     if written_in_place(path):

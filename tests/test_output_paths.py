@@ -69,8 +69,9 @@ def test_what_cannot_be_written_is_refused_in_one_line(tmp_path):
     (tmp_path / "a_file").write_text("mine")
     os.symlink("loop", tmp_path / "loop")
     bad = [(str(tmp_path), "is a folder"), (str(tmp_path / "no" / "x.json"), "does not exist"),
-           (str(tmp_path / "a_file" / "x.json"), "Not a directory"), (str(tmp_path / "loop"), "links"),
-           ("/proc/x.json", "cannot create a file in /proc"), ("", "--json is empty")]
+           (str(tmp_path / "a_file" / "x.json"), "does not exist"), (str(tmp_path / "loop"), "links"),
+           ("/proc/x.json", "cannot create a file in /proc"), ("", "--json is empty"),
+           (str(tmp_path / ("x" * 300)), "cannot write")]
     try:
         os.mknod(tmp_path / "disk", 0o600 | stat.S_IFBLK, os.makedev(7, 0))  # a node only, never opened
         bad.append((str(tmp_path / "disk"), "neither a file, a FIFO nor a character device"))
