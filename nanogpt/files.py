@@ -97,12 +97,12 @@ def check_output_file(path, flag):
         raise UserError(f"cannot write {flag} {path} ({e.strerror or e}); give another file") from None
     if mode is not None and stat.S_ISDIR(mode):
         raise UserError(f"{flag} {path} is a folder; give a file name")
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise UserError(f"{flag} {path} is neither a file, a FIFO nor a character device; give a file name")
     if written_in_place(path):
         if not os.access(path, os.W_OK):
             raise UserError(f"{flag} {path} cannot be written (permission denied); give another file")
         return
-    if mode is not None and not stat.S_ISREG(mode):
-        raise UserError(f"{flag} {path} is neither a file, a FIFO nor a character device; give a file name")
     target = os.path.realpath(path)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):

@@ -3,6 +3,7 @@ and the link kept; a FIFO, a character device and a descriptor (/dev/stdout) are
 cannot be written is refused in one line before any work. The scripts' own tests run them on these paths."""
 
 import os
+import socket
 import stat
 
 import pytest
@@ -77,6 +78,9 @@ def test_what_cannot_be_written_is_refused_in_one_line(tmp_path):
         bad.append((str(tmp_path / "disk"), "neither a file, a FIFO nor a character device"))
     except OSError:
         pass
+    sock = socket.socket(socket.AF_UNIX)  # a socket, and a descriptor of one (/dev/stdout of a service)
+    sock.bind(str(tmp_path / "sock"))
+    bad += [(str(tmp_path / "sock"), "neither"), (f"/proc/self/fd/{sock.fileno()}", "neither")]
     if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "locked").mkdir(mode=0o500)
         bad.append((str(tmp_path / "locked" / "x.json"), "Permission denied"))
@@ -85,4 +89,5 @@ def test_what_cannot_be_written_is_refused_in_one_line(tmp_path):
         with pytest.raises(UserError, match=needle) as e:
             check_output_file(path, "--json")
         assert "\n" not in str(e.value)
+    sock.close()
     assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "a_file").read_text() == "mine"
