@@ -57,19 +57,19 @@ def atomic_write(path, mode="wb"):
 # Files an output flag names (evaluate.py --json, plot_log.py --out)
 
 
-def is_descriptor_path(path):
-    """Whether path names one of this process's open descriptors (/dev/stdout, /dev/fd/1, /proc/self/fd/1), links
-    followed one at a time: the kernel's link of such a name points at whatever the descriptor holds (a pipe, a
-    terminal, the file a shell redirected to), which only writing through the name itself reaches."""
+def descriptor_of(path):
+    """(process id, descriptor number) when path names an open descriptor (/dev/stdout, /dev/fd/1, /proc/self/fd/1),
+    links followed one at a time; else None. The kernel's link of such a name points at whatever the descriptor
+    holds (a pipe, a terminal, the file a shell redirected to), which only writing through the name reaches."""
     path = os.path.abspath(path)
     for _ in range(40):  # the kernel's limit on links in a row
         path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-        if re.fullmatch(r"/proc/[^/]+/(task/[^/]+/)?fd/[^/]+", path):
-            return True
+        if m := re.fullmatch(r"/proc/(\d+)/(?:task/\d+/)?fd/(\d+)", path):
+            return int(m.group(1)), int(m.group(2))
         if not os.path.islink(path):
-            return False
+            return None
         path = os.path.join(os.path.dirname(path), os.readlink(path))
-    return False
+    return None
 
 
 def written_in_place(path):
@@ -80,7 +80,7 @@ def written_in_place(path):
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or is_descriptor_path(path)
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or descriptor_of(path) is not None
 
 
 def check_output_file(path, flag):
@@ -127,8 +127,12 @@ def output_file(path, mode="w"):
         return
     sys.stdout.flush()  # what was printed before it comes first on /dev/stdout
     sys.stderr.flush()
-    # appended, never created or truncated: /dev/stdout redirected to a file keeps what was printed into it
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND), mode.replace("w", "a")) as f:
+    owner = descriptor_of(path)
+    if owner is not None and owner[0] == os.getpid():
+        fd = os.dup(owner[1])  # our own descriptor, its offset shared: what is printed next follows, never overwrites
+    else:  # never created or truncated; appended, as a reopened descriptor of a file shares no offset with its owner
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(fd, mode) as f:  # fdopen truncates nothing
         yield f
 
 

@@ -519,12 +519,14 @@ def test_json_into_a_character_device_leaves_the_device(hf_dir, bundle, tmp_path
 
 
 def test_json_into_a_descriptor_follows_what_was_printed(hf_dir, bundle, tmp_path, capsys):
-    """A link to /proc/self/fd/N, as /dev/stdout is, of a file a shell redirected to: the JSON is appended."""
+    """A link to /proc/self/fd/N, as /dev/stdout is, of a file a shell redirected to: the JSON follows what was
+    printed, and what is printed next follows the JSON."""
     with open(tmp_path / "out.txt", "w") as f:
         f.write("printed before\n")
         f.flush()
         want = score_into(hf_dir, bundle, capsys, tmp_path, descriptor_link(tmp_path, f))
-    assert (tmp_path / "out.txt").read_text() == "printed before\n" + want
+        f.write("printed after\n")
+    assert (tmp_path / "out.txt").read_text() == "printed before\n" + want + "printed after\n"
 
 
 def test_a_json_path_that_cannot_be_written_is_refused_before_scoring(hf_dir, bundle, tmp_path, capsys, monkeypatch):

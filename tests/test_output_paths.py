@@ -52,17 +52,18 @@ def test_a_character_device_is_written_in_place(tmp_path):
     assert stat.S_ISCHR(os.lstat(device).st_mode) and os.lstat(device).st_rdev == rdev
 
 
-def test_a_descriptor_is_appended_to_not_replaced(tmp_path):
+def test_a_descriptor_is_written_where_it_stands_not_replaced(tmp_path):
     """A link to /proc/self/fd/N, as /dev/stdout is: the file the descriptor holds (a shell's `> out.txt`) keeps
-    what was printed into it, and the JSON follows."""
+    what was printed into it, the JSON follows, and what is printed after follows the JSON."""
     redirected = tmp_path / "out.txt"
     with open(redirected, "w") as f:
         f.write("the table\n")
         f.flush()
         link = descriptor_link(tmp_path, f)
         write(link)
+        f.write("wrote it\n")
         assert os.readlink(link) == f"/proc/self/fd/{f.fileno()}"
-    assert redirected.read_text() == "the table\n" + TEXT
+    assert redirected.read_text() == "the table\n" + TEXT + "wrote it\n"
     assert sorted(os.listdir(tmp_path)) == ["out.txt", "stdout"]
 
 
