@@ -40,7 +40,7 @@ import torch
 from nanogpt.cli import INT_MAX, CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
 from nanogpt.evaluation import (download, evaluation_run, from_rank0, out_of_memory_said, pad_multiple_of, round_up,
                                 score_rows, scoring_context, text_lines)
-from nanogpt.files import atomic_write
+from nanogpt.files import check_output_file, output_file
 from nanogpt.tokenizer import get_tokenizer
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -481,11 +481,8 @@ def parse_args(argv=None):
         args.tasks = [label.strip() for label in args.tasks.split(",")]
         if not all(args.tasks):
             raise UserError("--tasks: give comma-separated task labels (from core.yaml), without empty ones")
-    if args.json is not None:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder):
-            raise UserError(f"--json {args.json}: " + ("is a folder" if os.path.isdir(args.json) else
-                                                       f"the folder {folder} does not exist") + "; give a file name")
+    if args.json is not None:  # here, not after the scoring it would throw away
+        check_output_file(args.json, "--json")
     return args
 
 
@@ -500,11 +497,12 @@ def table(result):
 
 
 def write_json(path, result):
-    """The contract's JSON, written through a temporary twin: an interrupted write leaves the old file."""
+    """The contract's JSON, written as files.output_file writes: through a temporary twin (an interrupted write
+    leaves the old file), the file a link points to; a FIFO or device in place."""
     out = {"core": result["core"], "tasks": {label: {key: r[key] for key in ("accuracy", "centered", "shots")}
                                              for label, r in result["tasks"].items()}}
     try:
-        with atomic_write(path, "w") as f:
+        with output_file(path, "w") as f:
             json.dump(out, f, indent=2)
             f.write("\n")
     except OSError as e:

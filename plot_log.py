@@ -26,8 +26,9 @@ points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still
 A reference line is drawn only where it lies inside the panel's y-range, which the run's values (and the
 zoom) set and the line never widens, so a short run's curves are not squashed by it.
 
---out must end in .png and be a new file or an existing PNG: the log itself, or any other existing file
-that is not a PNG, is refused, so a slip of the command line cannot destroy a log. This module does not import torch.
+--out must end in .png and be a new file or an existing PNG (or a FIFO or character device, written in place):
+the log itself, or any other existing file that is not a PNG, is refused, so a slip of the command line cannot
+destroy a log. This module does not import torch.
 """
 
 import math
@@ -36,7 +37,7 @@ import re
 import warnings
 
 from nanogpt.cli import CLIParser, UserError, run_cli
-from nanogpt.files import atomic_write
+from nanogpt.files import check_output_file, output_file, written_in_place
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanogpt's baseline line)
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it
@@ -214,17 +215,16 @@ def build_figure(series, title=None, smooth=0, zoom=True):
 def check_out(out, log_path):
     """Refuse an --out whose writing would destroy something: the log itself, a folder, a file that is
     not a PNG (a PNG is a plot from an earlier run: replacing it is the point); and a name that does not
-    end in .png (the plot is one). A missing file is fine when its folder exists."""
+    end in .png (the plot is one); and whatever files.check_output_file refuses. A missing file is fine when its
+    folder exists; a FIFO or a character device is written in place."""
     if os.path.isdir(out):
         raise UserError(f"--out {out} is a folder; give a file name such as {os.path.join(out, 'plot.png')}")
     if os.path.exists(out) and os.path.exists(log_path) and os.path.samefile(out, log_path):
         raise UserError(f"--out {out} is the log being plotted; give another file, e.g. plot.png beside it")
     if not out.lower().endswith(".png"):
         raise UserError(f"--out {out}: the plot is a PNG; give a file name ending in .png")
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise UserError(f"--out {out}: the folder {folder} does not exist; create it or give another path")
-    if os.path.lexists(out):
+    check_output_file(out, "--out")
+    if os.path.exists(out) and not written_in_place(out):  # a FIFO's head is its reader's, never ours to read
         try:
             with open(out, "rb") as f:
                 head = f.read(len(PNG_SIGNATURE))
@@ -269,8 +269,7 @@ def main(argv=None):
             warnings.simplefilter("ignore", RuntimeWarning)
             fig = build_figure(series, title=path, smooth=args.smooth, zoom=args.zoom)
             # an existing plot is replaced only by a complete one; through a link, the PNG it points to is
-            # (os.replace over the link itself would turn the user's link into a file of its own)
-            with atomic_write(os.path.realpath(out)) as f:
+            with output_file(out, "wb") as f:
                 fig.savefig(f, format="png", dpi=100)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None

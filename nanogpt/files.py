@@ -1,6 +1,7 @@
 """
 Files written so that a crash, Ctrl-C or a full disk never leaves half of one under its final name:
-atomic writes through a temporary twin, the names of those temporaries, file checksums (a big
+atomic writes through a temporary twin, the names of those temporaries, the files an output flag names
+(checked before the work, written through links, pipes and devices written in place), file checksums (a big
 input's blocks hashed on all cores), and the lock that keeps a second writer out of a folder.
 """
 
@@ -51,6 +52,89 @@ def atomic_write(path, mode="wb"):
             pass
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+# -----------------------------------------------------------------------------
+# Files an output flag names (evaluate.py --json, plot_log.py --out)
+
+
+def descriptor_of(path):
+    """(process id, descriptor number) when path names an open descriptor (/dev/stdout, /dev/fd/1, /proc/self/fd/1),
+    links followed one at a time; else None. The kernel's link of such a name points at whatever the descriptor
+    holds (a pipe, a terminal, the file a shell redirected to), which only writing through the name reaches."""
+    path = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit on links in a row
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        if m := re.fullmatch(r"/proc/(\d+)/(?:task/\d+/)?fd/(\d+)", path):
+            return int(m.group(1)), int(m.group(2))
+        if not os.path.islink(path):
+            return None
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return None
+
+
+def written_in_place(path):
+    """Whether an output file is opened and written where it is rather than replaced through a temporary twin:
+    a FIFO, a character device (/dev/null, a terminal) or one of our descriptors. Replacing one would take it
+    from its reader, or turn a device node into a file (as root)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or descriptor_of(path) is not None
+
+
+def check_output_file(path, flag):
+    """Refuse in one line, before the work whose result it will hold, a file named by `flag` that cannot be
+    written: a folder, a block device or socket, a path in a missing folder, a folder we may not create files in.
+    Nothing is changed (a probe file under a temporary name is created and removed)."""
+    if not path:
+        raise UserError(f"{flag} is empty; give a file name")
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None  # a new file, or a link to one; a path through a file is a missing folder's, below
+    except OSError as e:  # a loop of links, a name too long
+        raise UserError(f"cannot write {flag} {path} ({e.strerror or e}); give another file") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UserError(f"{flag} {path} is a folder; give a file name")
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise UserError(f"{flag} {path} is neither a file, a FIFO nor a character device; give a file name")
+    if written_in_place(path):
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{flag} {path} cannot be written (permission denied); give another file")
+        return
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise UserError(f"{flag} {path}: the folder {folder} does not exist; create it or give another path")
+    probe = temporary_name(target)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot create a file in {folder} ({e.strerror or e}); "
+                        "give another path") from None
+
+
+@contextmanager
+def output_file(path, mode="w"):
+    """Write a file an output flag names (checked first with check_output_file). A FIFO, character device or
+    descriptor (written_in_place) is opened and written; anything else is atomic_write's, through links: the
+    file a link points to is replaced and the link kept."""
+    if not written_in_place(path):
+        with atomic_write(os.path.realpath(path), mode) as f:
+            yield f
+        return
+    sys.stdout.flush()  # what was printed before it comes first on /dev/stdout
+    sys.stderr.flush()
+    owner = descriptor_of(path)
+    if owner is not None and owner[0] == os.getpid():
+        fd = os.dup(owner[1])  # our own descriptor, its offset shared: what is printed next follows, never overwrites
+    else:  # never created or truncated; appended, as a reopened descriptor of a file shares no offset with its owner
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(fd, mode) as f:  # fdopen truncates nothing
+        yield f
+
 
 def fsync_dir(path):
     try:

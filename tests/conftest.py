@@ -4,8 +4,10 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -274,3 +276,47 @@ def moved_from_init(model, scale):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)
     return model.eval()
+
+
+# -----------------------------------------------------------------------------
+# Output files that are not plain files (tests of --json, --out)
+
+
+def fifo_with_reader(path):
+    """A FIFO at path and a thread that opens it and reads it to the end: (the thread, a list that gets what it
+    read). Join the thread with a timeout: a FIFO replaced by a file leaves the reader waiting for ever."""
+    os.mkfifo(path)
+    got = []
+
+    def read():
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, got
+
+
+def safe_char_device(tmp_path):
+    """A character device that writing to harms nothing and that code which replaces its output cannot take away
+    from the system: a twin of /dev/null made in tmp_path (os.mknod, where we may); else /dev/null itself, when
+    we cannot create files in /dev; else the test is skipped."""
+    twin = str(tmp_path / "null")
+    null = os.stat(os.devnull)
+    try:
+        os.mknod(twin, 0o666 | stat.S_IFCHR, null.st_rdev)
+        return twin
+    except (OSError, AttributeError):
+        pass
+    if os.access("/dev", os.W_OK):
+        pytest.skip("cannot make a device node here, and /dev is writable: /dev/null would be at risk")
+    return os.devnull
+
+
+def descriptor_link(tmp_path, f):
+    """A link to /proc/self/fd/N of the open file f, as /dev/stdout is to fd 1: tmp_path/stdout."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc/self/fd")
+    link = tmp_path / "stdout"
+    os.symlink(f"/proc/self/fd/{f.fileno()}", link)
+    return str(link)

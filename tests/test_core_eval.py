@@ -9,6 +9,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import zipfile
 
 import jinja2
@@ -20,7 +21,8 @@ import evaluate
 import train_gpt2
 from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import (TINY_FLAGS, assert_cli_error, assert_one_line_error, assert_refused_before_any_work,
-                      make_shards, read_log, run_script, save_random_hf_gpt2, script_cli)
+                      descriptor_link, fifo_with_reader, make_shards, read_log, run_script, safe_char_device,
+                      save_random_hf_gpt2, script_cli)
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
          "slowly quickly holds puts takes runs walks jumps throws water ball rope bike table kitchen field "
@@ -476,6 +478,66 @@ def test_bad_input_through_the_command_line(hf_dir, bundle, tmp_path, capsys):
         assert_cli_error(script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device", "cpu",
                                     *argv), needle)
     assert out.read_text() == "mine"
+
+
+def score_into(hf_dir, bundle, capsys, tmp_path, path):
+    """evaluate.py --json path on one small task; the JSON a plain file gets, for comparison."""
+    plain = tmp_path / "plain" / "core.json"
+    plain.parent.mkdir()
+    for out in (plain, path):
+        code, _, err = script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device",
+                                  "cpu", "--tasks", "copa_like", "--max_per_task", "4", "--json", out)
+        assert code == 0, err
+    with open(plain) as f:
+        want = f.read()
+    assert json.loads(want)["tasks"]["copa_like"]["shots"] == 0
+    return want
+
+
+def test_json_through_a_link_writes_its_target_and_keeps_the_link(hf_dir, bundle, tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "core.json").write_text("old")
+    os.symlink(os.path.join("runs", "core.json"), tmp_path / "latest.json")
+    want = score_into(hf_dir, bundle, capsys, tmp_path, str(tmp_path / "latest.json"))
+    assert os.readlink(tmp_path / "latest.json") == os.path.join("runs", "core.json")
+    assert (tmp_path / "runs" / "core.json").read_text() == want and os.listdir(tmp_path / "runs") == ["core.json"]
+
+
+def test_json_into_a_fifo_reaches_its_reader(hf_dir, bundle, tmp_path, capsys):
+    reader, got = fifo_with_reader(str(tmp_path / "fifo.json"))
+    want = score_into(hf_dir, bundle, capsys, tmp_path, str(tmp_path / "fifo.json"))
+    reader.join(timeout=60)
+    assert not reader.is_alive() and got == [want.encode()]
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo.json").st_mode)
+
+
+def test_json_into_a_character_device_leaves_the_device(hf_dir, bundle, tmp_path, capsys):
+    device = safe_char_device(tmp_path)
+    rdev = os.stat(device).st_rdev
+    score_into(hf_dir, bundle, capsys, tmp_path, device)
+    assert stat.S_ISCHR(os.lstat(device).st_mode) and os.lstat(device).st_rdev == rdev
+
+
+def test_json_into_a_descriptor_follows_what_was_printed(hf_dir, bundle, tmp_path, capsys):
+    """A link to /proc/self/fd/N, as /dev/stdout is, of a file a shell redirected to: the JSON follows what was
+    printed, and what is printed next follows the JSON."""
+    with open(tmp_path / "out.txt", "w") as f:
+        f.write("printed before\n")
+        f.flush()
+        want = score_into(hf_dir, bundle, capsys, tmp_path, descriptor_link(tmp_path, f))
+        f.write("printed after\n")
+    assert (tmp_path / "out.txt").read_text() == "printed before\n" + want + "printed after\n"
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_scoring(hf_dir, bundle, tmp_path, capsys, monkeypatch):
+    """Refused in one line, nothing scored: a folder, a missing folder, a place no file can be made in (/proc)."""
+    scored = []
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: scored.append(1))
+    for path, needle in [(tmp_path, "is a folder"), (tmp_path / "no" / "x.json", "does not exist"),
+                         ("/proc/core.json", "cannot create a file in /proc")]:
+        assert_cli_error(script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device",
+                                    "cpu", "--json", path), f"--json {path}", needle)
+    assert scored == [] and os.listdir(tmp_path) == []
 
 
 # -----------------------------------------------------------------------------

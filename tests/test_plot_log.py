@@ -4,12 +4,13 @@ log or another non-PNG file; bad lines are named."""
 
 import math
 import os
+import stat
 import statistics
 
 import pytest
 
 import plot_log
-from conftest import assert_one_line_error, run_script
+from conftest import assert_one_line_error, run_script, safe_char_device
 from nanogpt.cli import UserError
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
@@ -290,6 +291,25 @@ def test_out_through_a_link_replaces_the_png_it_points_to(tmp_path):
     assert os.readlink(link) == os.path.join("runs", "run1.png")
     assert target.read_bytes().startswith(PNG) and len(target.read_bytes()) > 1000
     assert sorted(os.listdir(tmp_path / "runs")) == ["run1.png"]
+
+
+def test_out_into_a_character_device_is_written_in_place(tmp_path):
+    """A device is no earlier plot to check (its head is its own, never a PNG's): it is written, and stays one."""
+    log = write(tmp_path / "log.txt", LOG)
+    device = safe_char_device(tmp_path)
+    rdev = os.stat(device).st_rdev
+    out = str(tmp_path / "null.png")  # --out must end in .png: a link of that name to the device
+    os.symlink(device, out)
+    assert plot_log.main([log, "--out", out]) == out
+    assert os.readlink(out) == device and stat.S_ISCHR(os.lstat(device).st_mode) and os.lstat(device).st_rdev == rdev
+
+
+def test_out_that_cannot_be_written_is_refused_before_the_log_is_read(tmp_path):
+    """A place no file can be made in is refused first (a missing log would be named otherwise)."""
+    missing_log = str(tmp_path / "log.txt")
+    assert_one_line_error(run_script(["plot_log.py", missing_log, "--out", "/proc/plot.png"]),
+                          "--out /proc/plot.png", "cannot create a file in /proc")
+    assert os.listdir(tmp_path) == []
 
 
 def test_out_must_be_named_png_before_any_work(tmp_path):
