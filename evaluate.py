@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 import zipfile
 import zlib
@@ -54,6 +55,7 @@ FIELDS = {"multiple_choice": ("query", "choices", "gold"), "schema": ("context_o
 SHUFFLE_SEED = 1337  # each task's examples, shuffled once: --max_per_task keeps the same first N everywhere
 FEWSHOT_SEED = 1234  # example i's few-shot examples are drawn with random.Random(FEWSHOT_SEED + i)
 RENDER_CHUNK = 256  # examples tokenized at a time: a 10-shot task's prompts, all at once, are gigabytes of ints
+MAX_FILE_MB = 256  # a bundle's file is read whole: DCLM's largest is a few tens of MB; a zip bomb is refused unread
 
 
 # -----------------------------------------------------------------------------
@@ -96,16 +98,24 @@ class Bundle:
         try:
             if self.members is None:
                 with open(os.path.join(self.root, name), "rb") as f:
+                    self.check_size(name, os.fstat(f.fileno()).st_size)
                     return f.read()
             if self.root + name not in self.members:
                 raise FileNotFoundError
             with zipfile.ZipFile(self.path) as z:
+                # the size the zip declares; zipfile stops reading there (a member that inflates further fails its CRC)
+                self.check_size(name, z.getinfo(self.root + name).file_size)
                 return z.read(self.root + name)
         except FileNotFoundError:
             raise UserError(f"{self.where(name)} does not exist ({role}); the eval bundle is incomplete: "
                             f"{GET_A_BUNDLE}") from None
         except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as e:  # a damaged member: its CRC, its deflate data
             raise UserError(f"cannot read {self.where(name)} ({e}); {GET_A_BUNDLE}") from None
+
+    def check_size(self, name, size):
+        if size > MAX_FILE_MB << 20:
+            raise UserError(f"{self.where(name)} is {size:,} bytes (uncompressed); a file of the eval bundle may be at "
+                            f"most {MAX_FILE_MB} MiB (DCLM's largest is a few tens of MB), so it is not read; {GET_A_BUNDLE}")
 
     def text(self, name, role):
         data = self.read(name, role)
@@ -179,6 +189,9 @@ def parse_task(entry, where):
     uri = entry.get("dataset_uri")
     if not isinstance(uri, str) or not uri:
         raise UserError(f"{where}: task '{label}' has no 'dataset_uri' (its file in {DATA_FOLDER}/)")
+    if os.path.isabs(uri) or ".." in uri.replace("\\", "/").split("/"):  # a bundle names only its own files
+        raise UserError(f"{where}: task '{label}' has dataset_uri {uri!r}, which points outside the bundle's "
+                        f"{DATA_FOLDER}/ (an absolute path or ..); give a path inside {DATA_FOLDER}/")
     shots = entry.get("num_fewshot", 0)
     if isinstance(shots, list) and shots:  # DCLM's yaml lists them, [10]; the first is the one scored, as in nanochat
         shots = shots[0]
@@ -278,6 +291,9 @@ def load_tasks(path=None, labels=None, max_per_task=None):
         task.source = bundle.where(task.source)
         task.examples = [parse_example(task.kind, text, f"{task.source}:{lineno}")
                          for lineno, text in text_lines(data, task.source, GET_A_BUNDLE)]
+        if not task.examples:
+            raise UserError(f"{task.source} has no examples (task '{task.label}'): it is empty or blank; "
+                            f"{GET_A_BUNDLE}")
         random.Random(SHUFFLE_SEED).shuffle(task.examples)
         kept = task.examples[:max_per_task]
         if len(kept) <= task.shots:
@@ -287,7 +303,19 @@ def load_tasks(path=None, labels=None, max_per_task=None):
                             f"{task.shots} others for each; " + (f"give --max_per_task {task.shots + 1} or more"
                                                                  if len(kept) < len(task.examples) else GET_A_BUNDLE))
         task.examples = kept
+        warn_same_options(task)
     return tasks
+
+
+def warn_same_options(task):
+    """One line on stderr when some of a task's examples offer one text to choose from: nanochat scores them
+    (the first option is the pick, right when gold is 0), so they are scored, and said."""
+    name = {"multiple_choice": "choices", "schema": "context_options"}.get(task.kind)
+    n = sum(len(set(ex[name])) == 1 for ex in task.examples) if name else 0
+    if n:
+        print(f"warning: task '{task.label}': {n} of its {len(task.examples)} examples have {name} all the same text "
+              f"({task.source}); nothing tells them apart, and they are scored as nanochat scores them (the first is "
+              "the pick)", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------
@@ -380,6 +408,9 @@ def score_examples(model, kind, rendered, device, batch_size, pad_multiple, bloc
     for (example_rows, gold), start in zip(rendered, first):
         if kind == "language_modeling":
             right.append(greedy[start])
+            continue
+        if all(np.array_equal(tokens, example_rows[0][0]) for tokens, _ in example_rows):
+            right.append(gold == 0)  # one text: nanochat's means tie exactly, batched rows' may differ in the last bit
             continue
         # nanochat's pick: the first lowest mean (a choice with no tokens of its own has none: nan)
         means = [sums[start + j] / rows[start + j][1] if rows[start + j][1] else math.nan

@@ -108,7 +108,7 @@ def same_process(args):
           f"build-nanogpt {ref:.2f} ms/step, ours {our:.2f} ms/step, ours at {ref / our:.3f}x its speed")
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", default=os.path.join(ROOT, "bench_data"))
     p.add_argument("--batch_size", type=int, default=2)
@@ -124,7 +124,22 @@ def main():
                    help="which programs run with THP_MEM_ALLOC_ENABLE=1 (torch's huge pages for big CPU tensors)")
     p.add_argument("--same_process", action="store_true",
                    help="instead: both models' steps in this process, alternating (fp32; no data folder needed)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.data_dir = os.path.abspath(args.data_dir)  # the programs run in a temporary folder, not here
+    return args
+
+
+def train_flags(args, work):
+    """Our train_gpt2.py's flags for the benchmark's run, its log in work."""
+    return ["--model", "tiny", "--n_layer", "2", "--n_head", "2", "--n_embd", "64", "--batch_size", str(args.batch_size),
+            "--seq_len", str(args.seq_len), "--total_batch_size", str(args.total_batch_size), "--max_steps",
+            str(args.steps), "--no_shuffle", "--eval_every", "0", "--hellaswag_every", "0", "--sample_every", "0",
+            "--save_every", "0", "--device", "cpu", "--dtype", args.dtype, "--no_compile", "--data_dir", args.data_dir,
+            "--log_dir", os.path.join(work, "ourlog"), "--overwrite"]
+
+
+def main():
+    args = parse_args()
     if args.same_process:
         same_process(args)
         return
@@ -132,12 +147,7 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), REF_TINY="1", REF_B=str(args.batch_size),
                REF_T=str(args.seq_len), REF_TOTAL=str(args.total_batch_size), REF_STEPS=str(args.steps),
                REF_DATA=os.path.join(work, "npy"), REF_LOG=os.path.join(work, "reflog"))
-    ours = [os.path.join(ROOT, "train_gpt2.py"), "--model", "tiny", "--n_layer", "2", "--n_head", "2", "--n_embd", "64",
-            "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len), "--total_batch_size",
-            str(args.total_batch_size), "--max_steps", str(args.steps), "--no_shuffle", "--eval_every", "0",
-            "--hellaswag_every", "0", "--sample_every", "0", "--save_every", "0", "--device", "cpu", "--dtype",
-            args.dtype, "--no_compile", "--data_dir", args.data_dir, "--log_dir", os.path.join(work, "ourlog"),
-            "--overwrite"]
+    ours = [os.path.join(ROOT, "train_gpt2.py"), *train_flags(args, work)]
     if args.profile:
         subprocess.run([sys.executable, "-m", "cProfile", "-s", "tottime", *ours], env=env, check=True)
         return

@@ -13,6 +13,7 @@ import stat
 import zipfile
 
 import jinja2
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -538,6 +539,120 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_scoring(hf_dir, bu
         assert_cli_error(script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device",
                                     "cpu", "--json", path), f"--json {path}", needle)
     assert scored == [] and os.listdir(tmp_path) == []
+
+
+# -----------------------------------------------------------------------------
+# A hostile bundle: paths out of it, huge files, empty tasks, choices that are all one text
+
+
+def plain_examples(rng):
+    """{label: examples} of TASKS that parse, made without a model (their answers are not known)."""
+    out = {}
+    for label, kind, _, _, _, n, _ in TASKS:
+        if kind == "multiple_choice":
+            out[label] = [{"query": words(rng, 3, 8) + "?", "choices": [f"{words(rng, 1, 3)} {k}" for k in range(3)],
+                           "gold": rng.randrange(3)} for _ in range(n)]
+        elif kind == "schema":
+            out[label] = [{"context_options": [f"{words(rng, 2, 5)} {k}" for k in range(2)],
+                           "continuation": words(rng, 2, 6), "gold": rng.randrange(2)} for _ in range(n)]
+        else:
+            out[label] = [{"context": words(rng, 3, 12), "continuation": words(rng, 1, 2)} for _ in range(n)]
+    return out
+
+
+@pytest.mark.parametrize("where", ["up", "absolute"])
+def test_a_dataset_uri_outside_the_bundle_is_refused(tmp_path, where):
+    """A task file outside the bundle's eval_data/ is never read, even where it exists and would parse."""
+    examples = plain_examples(random.Random(1))
+    bundle = write_bundle(str(tmp_path / "eval_bundle"), examples)
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text("".join(json.dumps(ex) + "\n" for ex in examples["copa_like"]))
+    uri = "../../elsewhere.jsonl" if where == "up" else str(outside)
+    assert os.path.isfile(os.path.join(bundle, "eval_data", uri))  # where it would lead
+    replace_line(os.path.join(bundle, "core.yaml"), 3, f"  dataset_uri: {uri}")
+    with pytest.raises(evaluate.UserError, match=file_line(os.path.join(bundle, "core.yaml"), 2) + re.escape(
+            f"task 'copa_like' has dataset_uri '{uri}', which points outside the bundle's eval_data/")) as e:
+        evaluate.load_tasks(bundle)
+    assert "\n" not in str(e.value)
+
+
+def declare_size(path, member, size):
+    """The zip at path, its member's uncompressed size as declared (local header and central directory) set to size."""
+    data = bytearray(open(path, "rb").read())
+    name = member.encode()
+    local, central = data.index(name), data.rindex(name)
+    assert data[local - 30 : local - 26] == b"PK\x03\x04" and data[central - 46 : central - 42] == b"PK\x01\x02"
+    data[local - 30 + 22 : local - 30 + 26] = size.to_bytes(4, "little")
+    data[central - 46 + 24 : central - 46 + 28] = size.to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("form", ["zip", "folder"])
+def test_a_file_that_inflates_to_a_gibibyte_is_refused_unread(tmp_path, form):
+    """The size a zip declares (or a file's size) is checked before anything is read: 1 GiB is refused in one line
+    naming the file and the bound (a sparse file here, a size written into the zip's headers there)."""
+    bundle = write_bundle(str(tmp_path / "eval_bundle"), plain_examples(random.Random(2)))
+    gib, member = 1 << 30, "eval_bundle/eval_data/reading/squad_like.jsonl"
+    if form == "zip":
+        path = shutil.make_archive(str(tmp_path / "eval_bundle"), "zip", str(tmp_path), "eval_bundle")
+        declare_size(path, member, gib)
+        assert zipfile.ZipFile(path).getinfo(member).file_size == gib
+        named = f"{path}/{member}"
+    else:
+        path = named = os.path.join(bundle, "eval_data", "reading", "squad_like.jsonl")
+        os.truncate(path, gib)
+        path = bundle
+    with pytest.raises(evaluate.UserError, match=re.escape(f"{named} is 1,073,741,824 bytes (uncompressed); a file of "
+                                                           "the eval bundle may be at most 256 MiB")) as e:
+        evaluate.load_tasks(path, ["squad_like"])
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_an_empty_task_file_says_it_has_no_examples(tmp_path, text):
+    bundle = write_bundle(str(tmp_path / "eval_bundle"), plain_examples(random.Random(3)))
+    path = task_file(bundle, "copa_like")  # a 0-shot task
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(evaluate.UserError, match=re.escape(f"{path} has no examples (task 'copa_like')")) as e:
+        evaluate.load_tasks(bundle)
+    assert "\n" not in str(e.value) and "too few" not in str(e.value)
+
+
+def test_choices_all_one_text_are_scored_as_nanochat_and_said_once_per_task(hf_dir, tmp_path, capsys):
+    """nanochat scores an example whose choices are one text: it picks the first (no token of a choice is its own,
+    every mean is nan, and min keeps the first), right when gold is 0. Scored so, with one warning line per task."""
+    examples = plain_examples(random.Random(4))
+    for i, ex in enumerate(examples["copa_like"]):  # every example: its count follows from the golds alone
+        ex["choices"], ex["gold"] = ["the same answer"] * (2 + i % 2), i % 2
+    for ex in examples["winograd_like"][:3]:  # schema: 3 of 12
+        ex["context_options"] = [ex["context_options"][0]] * 2
+    bundle = write_bundle(str(tmp_path / "eval_bundle"), examples)
+    code, out, err = script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device", "cpu",
+                                "--tasks", "copa_like,winograd_like,arc_like")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: task 'copa_like': 16 of its 16 examples have choices all the same text ({task_file(bundle, 'copa_like')}); "
+        "nothing tells them apart, and they are scored as nanochat scores them (the first is the pick)",
+        f"warning: task 'winograd_like': 3 of its 12 examples have context_options all the same text "
+        f"({task_file(bundle, 'winograd_like')}); nothing tells them apart, and they are scored as nanochat scores them "
+        "(the first is the pick)"], err
+    row = re.search(r"^copa_like +0 +([\d.]+) ", out, re.M)
+    assert row and float(row.group(1)) == round(sum(ex["gold"] == 0 for ex in examples["copa_like"]) / 16, 4), out
+
+
+def test_options_of_one_text_pick_the_first_whatever_rounding_says(monkeypatch):
+    """nanochat scores one example a pass, so options of one text tie exactly and the first is picked; batched
+    rows of different padding may differ in the last bit, which must not pick another. Options that differ are
+    still picked by their means."""
+    def scores(model, rows, R, T, device, n_vocab):  # each row a hair lower than the one before: rounding's worst
+        return torch.tensor([1.0 - 1e-6 * r for r in range(len(rows))]), torch.zeros(len(rows), dtype=torch.bool)
+
+    monkeypatch.setattr(evaluate, "score_rows", scores)
+    same, other = np.array([EOT_TOKEN, 5, 6, 7]), np.array([EOT_TOKEN, 8, 6, 7])
+    rendered = [([(same, 2), (same, 2), (same, 2)], 0), ([(same, 2), (other, 2)], 1)]
+    assert evaluate.score_examples(None, "schema", rendered, "cpu", 8, 1, 16, 50257) == [True, True]
 
 
 # -----------------------------------------------------------------------------
