@@ -19,8 +19,8 @@ from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
-from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, peer_gone,
-                             peer_gone_error)
+from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, local_peers,
+                             peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
@@ -71,8 +71,9 @@ class Run:
         check_schedule(self.args, self.master)
         # from here SIGTERM (a scheduler's) and Ctrl-C end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        if self.ddp:  # a process that a signal finds waiting for a dead one cannot run that handler
-            self.stuck_watch = StuckCollectiveWatch(self.args.log_dir, self.rank, lambda: self.saving).start()
+        peers = local_peers(self.rank) if self.ddp else {}
+        if peers:  # a process that a signal finds waiting for a dead one cannot run that handler
+            self.stuck_watch = StuckCollectiveWatch(self.args.log_dir, self.rank, peers, lambda: self.saving).start()
         self.start_step, self.t_start = start_step, time.time()
 
     def due(self, step, every):
@@ -179,7 +180,7 @@ class Run:
         model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
-        self.saving = True  # a write to a slow disk is not a wait for a dead process (StuckCollectiveWatch)
+        self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
         try:
             save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
                                                       tokens_seen, loader_state, self.scaler, self.args,

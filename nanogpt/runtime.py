@@ -7,8 +7,8 @@ peer that is gone), and console output that survives a stdout it cannot write.
 import os
 import re
 import signal
+import socket
 import threading
-import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -229,8 +229,46 @@ def speaks_for_its_machine(rank):
     return rank == 0 or (os.environ.get("LOCAL_RANK") == "0" and os.environ.get("GROUP_RANK", "0") != "0")
 
 
-STUCK_GRACE_S = 10  # after SIGTERM/Ctrl-C, before a process idle in a collective ends itself (torchrun kills at 30 s)
-IDLE_WINDOW_S = 5   # idle: under a tenth of a CPU-second per second over this window
+def process_start(pid):
+    """What tells a live process from a later one given the same PID: its start time in /proc (where there is no
+    /proc, True while the PID exists); None once it has ended, as a zombie not yet reaped has."""
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:  # it exists, another user's
+            pass
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state, *fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold spaces and ')'
+    except OSError:
+        return None
+    return None if state in ("Z", "X", "x") else fields[18]  # field 22, starttime
+
+
+def machine_id():
+    """What processes that see each other's PIDs share: the boot and the PID namespace (Linux), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() + " " + os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return socket.gethostname()
+
+
+def local_peers(rank):
+    """On every rank (a collective): the run's other processes on this machine, {rank: (pid, process_start)}."""
+    import torch.distributed as dist
+
+    mine = (machine_id(), os.getpid(), process_start(os.getpid()))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {r: (pid, start) for r, (machine, pid, start) in enumerate(everyone) if machine == mine[0] and r != rank}
+
+
+STUCK_GRACE_S = 10  # once a peer is gone, for this process to end by itself first (torchrun kills at 30 s)
+CHECK_EVERY_S = 1
 
 
 class StuckCollectiveWatch:
@@ -238,11 +276,15 @@ class StuckCollectiveWatch:
     collective that waits for a process that has died (gloo's wait for ZeroRedundancyOptimizer's broadcasts,
     an NCCL collective) never returns to Python, so its signal handler never runs: it said nothing until
     torchrun SIGKILLed it 30 s later. This thread hears the signal through the interpreter's wake-up fd (the
-    C-level handler writes it at once); if the process then sits idle past STUCK_GRACE_S (not while
-    busy(): rank 0 writing a checkpoint), it prints the one line of a run that lost a process, and ends."""
+    C-level handler writes it at once), and from then on checks the run's other processes on this machine
+    (peers: local_peers(), their PIDs and start times). Only one that is gone ends this process: a peer that is slow or frozen (a slow disk
+    or device, a long checkpoint, SIGSTOP) is waited for. Once one is gone, the process has STUCK_GRACE_S to end
+    by itself (a collective's own error gives the same line) and is not ended while busy() (rank 0 writing a
+    checkpoint); then it prints the one line of a run that lost a process, and ends."""
 
-    def __init__(self, log_dir, rank, busy):
-        self.log_dir, self.rank, self.busy = log_dir, rank, busy
+    def __init__(self, log_dir, rank, peers, busy):
+        self.log_dir, self.rank, self.peers, self.busy = log_dir, rank, peers, busy
+        self.stopped = threading.Event()
 
     def start(self):
         read_fd, write_fd = os.pipe()
@@ -253,19 +295,26 @@ class StuckCollectiveWatch:
 
     def stop(self):
         signal.set_wakeup_fd(self.old_fd)
+        self.stopped.set()
+
+    def gone(self):
+        """The rank of a peer that has ended, or None."""
+        return next((r for r, (pid, start) in self.peers.items() if process_start(pid) != start), None)
 
     def watch(self, read_fd):
         while os.read(read_fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
             pass
-        time.sleep(STUCK_GRACE_S)
-        while True:
-            cpu = time.process_time()
-            time.sleep(IDLE_WINDOW_S)
-            if time.process_time() - cpu < 0.1 * IDLE_WINDOW_S and not self.busy():
-                break
-        waited = f"no answer in a collective for {STUCK_GRACE_S + IDLE_WINDOW_S} s after a stop signal"
+        while (rank := self.gone()) is None:
+            if self.stopped.wait(CHECK_EVERY_S):
+                return
+        if self.stopped.wait(STUCK_GRACE_S):
+            return
+        while self.busy():
+            if self.stopped.wait(CHECK_EVERY_S):
+                return
+        reason = f"rank {rank}, process {self.peers[rank][0]}, is gone"
         if speaks_for_its_machine(self.rank):  # os.write: the main thread may hold sys.stderr's lock
-            os.write(2, f"error: {peer_gone_message(waited, self.log_dir)}\n".encode())
+            os.write(2, f"error: {peer_gone_message(reason, self.log_dir)}\n".encode())
         os._exit(2)
 
 

@@ -23,7 +23,7 @@ import pytest
 import train_gpt2
 from nanogpt.checkpoints import find_checkpoints, prune_checkpoints
 from nanogpt.runlog import LOG_DIR_LOCK, lock_log_dir, unlock_log_dir
-from nanogpt.runtime import RankZeroWork
+from nanogpt.runtime import RankZeroWork, process_start
 from conftest import ROOT, TINY_FLAGS, assert_one_line_error, read_log, run_script, script_cli, torchrun, train, write_hellaswag
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
@@ -334,14 +334,15 @@ def test_a_resume_on_a_process_count_that_cannot_split_the_batch_names_those_tha
 
 
 # train_gpt2.py whose rank 1 fails on its Nth call of a function of train_gpt2: "die" by SIGKILL (no clean-up at all),
-# or "hang": print "stuck" (rank 1 prints nothing else) and wait forever, alive; the stuck-collective watch's grace
-# and window shortened to 1 s
+# or "hang": wait forever, alive, its connections held open by a child too, so that once it is killed the others'
+# collectives do not learn of it; it prints "stuck <the child's pid>" (rank 1 prints nothing else). The
+# stuck-collective watch's grace shortened to 1 s
 FAILING_RANK = """
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 import train_gpt2
 import nanogpt.runtime
 from nanogpt.cli import run_cli
-nanogpt.runtime.STUCK_GRACE_S = nanogpt.runtime.IDLE_WINDOW_S = 1
+nanogpt.runtime.STUCK_GRACE_S = 1
 how, name, n = sys.argv.pop(1), sys.argv.pop(1), int(sys.argv.pop(1))
 real, calls = getattr(train_gpt2, name), []
 
@@ -350,7 +351,13 @@ def failing(*args, **kwargs):
     if os.environ["RANK"] == "1" and len(calls) == n:
         if how == "die":
             os.kill(os.getpid(), signal.SIGKILL)
-        print("stuck", flush=True)
+        child = os.fork()
+        if child == 0:  # holds every descriptor of rank 1 but its output, until the test kills it
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1), os.dup2(null, 2)
+            while True:
+                time.sleep(60)
+        print("stuck", child, flush=True)
         threading.Event().wait()
     return real(*args, **kwargs)
 
@@ -379,25 +386,99 @@ def test_a_process_that_dies_leaves_the_others_one_line_naming_the_checkpoint_to
 
 
 def test_a_process_that_a_stop_signal_finds_waiting_for_a_dead_one_says_so_and_ends(shards, tmp_path):
-    """A signal cannot reach Python while its main thread waits in a collective for a process that no longer
-    answers (how --zero 1's rank 0 once waited until torchrun's SIGKILL, 30 s after a kill -9 of rank 1): the
-    watch hears it, and the process ends with the one line naming the checkpoint to resume."""
+    """A signal cannot reach Python while its main thread waits in a collective for a process that has died
+    without its connections closing (how --zero 1's rank 0 once waited until torchrun's SIGKILL, 30 s after a
+    kill -9 of rank 1): the watch hears it, finds the process gone, and this one ends with the one line naming
+    the checkpoint to resume."""
     script, log_dir = tmp_path / "stuck.py", str(tmp_path / "log")
     script.write_text(FAILING_RANK)
     cmd, ranks = start_ranks(["hang", "sync_gradients", "4", *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
                               "--max_steps", "8", "--eval_every", "0", "--save_every", "2", "--zero", "1"],
                              script=str(script))
+    holder = None
     try:
         # rank 1 is stuck from its line on: rank 0 waits in its next collective
-        assert ranks[1].stdout.readline() == "stuck\n", ranks[1].communicate()
+        line = ranks[1].stdout.readline()
+        assert line.startswith("stuck "), ranks[1].communicate()
+        holder = int(line.split()[1])
+        ranks[1].send_signal(signal.SIGKILL)
         ranks[0].send_signal(signal.SIGTERM)  # what torchrun sends to the others when one process dies
         out, err = ranks[0].communicate(timeout=LIMIT_S)
     finally:
+        if holder is not None:
+            os.kill(holder, signal.SIGKILL)
         for rank in ranks:
             rank.kill()
             rank.wait()
     newest = find_checkpoints(log_dir)[0]
     assert newest == os.path.join(log_dir, "model_00001.pt")  # saved every 2 steps; rank 1 stuck in step 3
     assert_one_line_error(subprocess.CompletedProcess(cmd, ranks[0].returncode, out, err),
-                          "another process of this run ended (no answer in a collective",
+                          f"another process of this run ended (rank 1, process {ranks[1].pid}, is gone)",
                           f"`--resume` continues from {newest}")
+
+
+def test_a_process_counts_as_ended_once_killed_even_before_it_is_reaped():
+    """What the watch takes for a peer's death: a killed process that its parent has not reaped yet (a zombie, as
+    torchrun's worker is for a moment) has ended; a frozen one (SIGSTOP) has not."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        start = process_start(child.pid)
+        assert start is not None and start == process_start(child.pid)
+        child.send_signal(signal.SIGSTOP)
+        assert process_start(child.pid) == start
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, and still unreaped
+        assert process_start(child.pid) is None
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start(child.pid) != start  # gone, or its PID another process's
+
+
+# train_gpt2.py with the stuck-collective watch's grace shortened to 2 s
+SHORT_WATCH = """
+import nanogpt.runtime, train_gpt2
+from nanogpt.cli import run_cli
+nanogpt.runtime.STUCK_GRACE_S = 2
+run_cli(train_gpt2.main)
+"""
+HELD_S = 12  # how long rank 1 is held up after the stop signal: well past the grace
+
+
+def test_a_process_held_up_when_a_stop_signal_comes_is_waited_for_and_the_run_checkpoints(shards, tmp_path):
+    """Rank 1 frozen (SIGSTOP: a slow disk or device, a stalled machine) when a scheduler's SIGTERM reaches both
+    ranks: rank 0, waiting for it in a collective, is not waiting for a dead process, and must not end; once rank 1
+    goes on, the run stops as on any signal, with its checkpoint, and both ranks exit 0."""
+    script, log_dir = tmp_path / "short_watch.py", str(tmp_path / "log")
+    script.write_text(SHORT_WATCH)
+    cmd, ranks = start_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "100000",
+                              "--eval_every", "0", "--save_every", "0"], script=str(script))
+    try:
+        for line in ranks[0].stdout:  # both ranks are training
+            if line.startswith("step     1/"):
+                break
+        else:
+            raise AssertionError(f"rank 0 ended before its second step: {ranks[0].communicate()}")
+        ranks[1].send_signal(signal.SIGSTOP)
+        for rank in ranks:
+            rank.send_signal(signal.SIGTERM)  # held by rank 1 until it goes on
+        try:
+            ranks[0].wait(timeout=HELD_S)
+        except subprocess.TimeoutExpired:
+            pass  # still waiting for rank 1, as it should
+        else:
+            raise AssertionError(f"rank 0 ended while rank 1 was held up: {ranks[0].communicate()}")
+        ranks[1].send_signal(signal.SIGCONT)
+        outputs = [rank.communicate(timeout=LIMIT_S) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.send_signal(signal.SIGCONT)
+            rank.kill()
+            rank.wait()
+    for rank, (out, err) in zip(ranks, outputs):
+        assert rank.returncode == 0 and err == "", err
+    stopped = [ln for ln in outputs[0][0].splitlines() if ln.startswith("stopped by signal after step ")]
+    assert len(stopped) == 1, outputs[0][0]
+    step = int(stopped[0].split()[5].rstrip(";"))
+    assert find_checkpoints(log_dir) == [os.path.join(log_dir, f"model_{step:05d}.pt")]
+    assert sorted(read_log(log_dir)["train"])[-1] == step
