@@ -177,6 +177,13 @@ class Run:
 
 def weights_finite(model):
     # the largest and smallest entry of each tensor: NaN and +-inf show there, and no temporary the size of the
-    # weights is made (amax/amin, not aminmax: --fsdp's sharded tensors have no aminmax)
-    extremes = [torch.stack((p.detach().amax(), p.detach().amin())).float() for p in model.parameters() if p.numel()]
-    return bool(torch.isfinite(torch.stack(extremes)).all()) if extremes else True
+    # weights is made. Under --fsdp each rank looks at its own shards (a tensor with fewer rows than ranks leaves
+    # some ranks an empty one) and the ranks agree, so that all stop or none.
+    params = list(model.parameters())
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    extremes = [torch.stack((t.detach().amax(), t.detach().amin())).float() for t in local if t.numel()]
+    broken = (~torch.isfinite(torch.stack(extremes))).any().float() if extremes else torch.zeros(())
+    if any(hasattr(p, "to_local") for p in params):
+        broken = broken.to(local[0].device)
+        torch.distributed.all_reduce(broken, op=torch.distributed.ReduceOp.MAX)
+    return not bool(broken)
