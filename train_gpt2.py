@@ -28,7 +28,7 @@ import evaluate
 import hellaswag
 from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
-                                 restore_training_state, resume_checkpoint, strip_prefixes)
+                                 refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend, rms_norm,
@@ -1215,6 +1215,7 @@ def main(argv=None):
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
     ckpt_path, ckpt, saved_config = None, None, None
+    refuse_checkpoint_lookalikes(args.log_dir)
     if args.resume and not args.overwrite:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master, check_resumable)
         if ckpt is not None:

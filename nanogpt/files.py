@@ -4,6 +4,7 @@ atomic writes through a temporary twin, the names of those temporaries, file che
 input's blocks hashed on all cores), and the lock that keeps a second writer out of a folder.
 """
 
+import errno
 import hashlib
 import os
 import re
@@ -51,6 +52,14 @@ def atomic_write(path, mode="wb"):
             pass
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+def disk_advice(e):
+    """'free disk space or ' where the OSError e is a full disk or quota, else '' (a folder in the way, a
+    permission, a file size limit: freeing space would not help). Rust's errors (safetensors') end in `(os error N)`."""
+    full = (errno.ENOSPC, errno.EDQUOT)
+    return "free disk space or " if (getattr(e, "errno", None) in full
+                                     or any(f"(os error {n})" in str(e) for n in full)) else ""
+
 
 def fsync_dir(path):
     try:

@@ -1,0 +1,49 @@
+"""Settings and folders that a run cannot succeed with, refused in one line before any work (or said plainly when a
+write fails), each checked against what the run would otherwise have done."""
+
+import errno
+import os
+
+import pytest
+
+import train_gpt2
+from conftest import TINY_FLAGS, assert_cli_error, make_shards, script_cli, train
+from nanogpt.checkpoints import save_checkpoint
+
+
+@pytest.fixture
+def data(tmp_path):
+    return make_shards(str(tmp_path / "data"))
+
+
+def test_a_folder_named_like_a_checkpoint_is_refused_before_training(data, tmp_path, capsys):
+    log_dir = str(tmp_path / "log")
+    train(data, log_dir, "--max_steps", "6", "--save_every", "3", "--eval_every", "0")
+    os.remove(os.path.join(log_dir, "model_00005.pt"))
+    os.mkdir(os.path.join(log_dir, "model_00005.pt"))  # where the resumed run would save its step 5
+    before = {n: os.path.getmtime(os.path.join(log_dir, n)) for n in os.listdir(log_dir)}
+    log_text = open(os.path.join(log_dir, "log.txt")).read()
+    result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--resume",
+                        "--max_steps", "6", "--save_every", "3", "--eval_every", "0")
+    assert_cli_error(result, os.path.join(log_dir, "model_00005.pt"), "not a file", "move or rename it")
+    assert "step" not in result[1]  # nothing trained
+    assert {n: os.path.getmtime(os.path.join(log_dir, n)) for n in os.listdir(log_dir)} == before
+    assert open(os.path.join(log_dir, "log.txt")).read() == log_text
+
+
+def test_a_save_that_fails_with_room_on_the_disk_gives_no_disk_advice(tmp_path):
+    path = str(tmp_path / "model_00001.pt")
+    os.mkdir(path)  # the rename onto it fails: EISDIR, and the disk has room
+    with pytest.raises(train_gpt2.UserError) as refused:
+        save_checkpoint(path, {"step": 1})
+    assert os.strerror(errno.EISDIR) in str(refused.value) and "disk" not in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_save_on_a_full_disk_says_to_free_space(tmp_path, monkeypatch, code):
+    def full(*a, **k):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(train_gpt2.torch, "save", full)
+    with pytest.raises(train_gpt2.UserError, match=f"{os.strerror(code)}.*free disk space or pick another --log_dir"):
+        save_checkpoint(str(tmp_path / "model_00001.pt"), {"step": 1})
