@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from nanogpt.arguments import check_schedule
+from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.optimizers import rates_beside
@@ -98,8 +98,9 @@ class Run:
                 self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
             if isinstance(e, Exception) and is_out_of_memory(e):
                 memory = "GPU memory" if isinstance(e, torch.OutOfMemoryError) else "memory"
+                wide = "".join(f" or {flag}" for flag in widening_flags(self.args))
                 raise UserError(f"out of {memory} at batch_size {self.args.batch_size} x seq_len {self.args.seq_len}; "
-                                "lower --batch_size (gradient accumulation keeps --total_batch_size)") from None
+                                f"lower --batch_size (gradient accumulation keeps --total_batch_size){wide}") from None
             raise
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):

@@ -5,9 +5,11 @@ import errno
 import os
 
 import pytest
+import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_cli_error, make_shards, script_cli, train
+from conftest import TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, make_shards, script_cli, train
+from nanogpt import arguments
 from nanogpt.checkpoints import save_checkpoint
 
 
@@ -47,3 +49,23 @@ def test_a_save_on_a_full_disk_says_to_free_space(tmp_path, monkeypatch, code):
     monkeypatch.setattr(train_gpt2.torch, "save", full)
     with pytest.raises(train_gpt2.UserError, match=f"{os.strerror(code)}.*free disk space or pick another --log_dir"):
         save_checkpoint(str(tmp_path / "model_00001.pt"), {"step": 1})
+
+
+@pytest.mark.parametrize("flag, value, need", [("--vocab_size", "2000000000", "weights alone"),
+                                               ("--mlp_hidden", "1000000000", "weights alone"),
+                                               ("--vocab_size", "50000000", "needs at least")])
+def test_a_model_too_big_for_memory_names_the_flag_that_made_it_big(data, tmp_path, capsys, monkeypatch, flag, value,
+                                                                    need):
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: 8 * 2**30)
+    assert_refused_before_any_work(capsys, data, tmp_path, [flag, value], need, f"a smaller {flag}")
+    # the reference: the same run without that flag fits
+    train(data, str(tmp_path / "without"), "--max_steps", "1")
+
+
+def test_out_of_memory_in_a_step_names_a_widening_flag(data, tmp_path, monkeypatch):
+    def oom(self, idx, targets=None):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", oom)
+    with pytest.raises(train_gpt2.UserError, match=r"lower --batch_size \(.*\) or --vocab_size$"):
+        train(data, str(tmp_path / "log"), "--max_steps", "1", "--vocab_size", "50304", "--eval_every", "0")
