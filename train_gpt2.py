@@ -48,6 +48,10 @@ from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_
 # Model config
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 128: faster matmuls, unused rows
+# logits within +-c give a token at most e^2c / (e^2c + vocab_size - 1) of the probability, so no token's loss goes
+# under ln(1 + (vocab_size - 1) e^-2c): over GPT-2's vocabulary 1.2 at c = 5, 3.9 at c = 3.5, 9.8 at c = 0.5, where a
+# GPT-2's mean loss is ~3: below 5 the cap holds the model back from the tokens it can be sure of
+MIN_LOGIT_SOFTCAP = 5.0
 
 
 @dataclass
@@ -78,13 +82,15 @@ class GPTConfig:
                                         "GPT-2's always is)", archs=("llama", "speedrun"))
     zero_init: bool = option(None, "the blocks' output projections start at zero, so each block starts as the "
                                    "identity (default: speedrun on)")
-    logit_softcap: float = option(None, "logits become c * tanh(logits / c) for this c; 0: off (default: speedrun 15)")
+    logit_softcap: float = option(None, "logits become c * tanh(logits / c) for this c, 5 or more; 0: off (default: "
+                                        "speedrun 15)")
     x0_mix: bool = option(None, "before every block x = a_i * x + b_i * x0, x0 the normed token embedding, a_i and "
                                 "b_i learned per layer (default: on)", archs=("speedrun",))
     value_embeds: bool = option(None, "embeddings of the tokens added into the values of every other layer's "
                                       "attention, through a learned gate per head (default: on)", archs=("speedrun",))
     unet_skips: bool = option(None, "the first half's block outputs added into the mirrored second-half blocks' inputs "
-                                    "with learned weights (default: on)", archs=("speedrun",))
+                                    "with learned weights; needs --n_layer 2 or more (default: on from 2 blocks)",
+                              archs=("speedrun",))
 
     def __post_init__(self):
         gpt2, speedrun = self.arch == "gpt2", self.arch == "speedrun"
@@ -101,7 +107,9 @@ class GPTConfig:
             self.tie_embeddings = gpt2
         if self.logit_softcap is None:
             self.logit_softcap = 15.0 if speedrun else 0.0
-        for name in ("qk_norm", "zero_init", "x0_mix", "value_embeds", "unet_skips"):  # the speedrun's, on by default
+        if self.unet_skips is None:  # one block has no half to skip over
+            self.unet_skips = speedrun and self.n_layer >= 2
+        for name in ("qk_norm", "zero_init", "x0_mix", "value_embeds"):  # the speedrun's, on by default
             if getattr(self, name) is None:
                 setattr(self, name, speedrun)
         # what no model can be built of (a ValueError: nanogpt.config_fields says it in one line)
@@ -122,6 +130,14 @@ class GPTConfig:
                              "500000)")
         if self.logit_softcap < 0:
             raise ValueError(f"--logit_softcap {self.logit_softcap}: must be 0 (off) or more")
+        if 0 < self.logit_softcap < MIN_LOGIT_SOFTCAP:
+            c, v = self.logit_softcap, self.vocab_size
+            raise ValueError(f"--logit_softcap {c}: must be 0 (off) or {MIN_LOGIT_SOFTCAP:g} or more; logits within "
+                             f"+-{c} keep every token's loss above {math.log1p((v - 1) * math.exp(-2 * c)):.2f} over "
+                             f"{v} tokens, so the model cannot learn (the speedrun's is 15)")
+        if self.unet_skips and self.n_layer < 2:
+            raise ValueError(f"--unet_skips needs --n_layer 2 or more (with {self.n_layer} block there is no first half "
+                             "to skip from); pass --no_unet_skips or more layers")
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.

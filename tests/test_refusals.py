@@ -69,3 +69,36 @@ def test_out_of_memory_in_a_step_names_a_widening_flag(data, tmp_path, monkeypat
     monkeypatch.setattr(train_gpt2.GPT, "forward", oom)
     with pytest.raises(train_gpt2.UserError, match=r"lower --batch_size \(.*\) or --vocab_size$"):
         train(data, str(tmp_path / "log"), "--max_steps", "1", "--vocab_size", "50304", "--eval_every", "0")
+
+
+def test_unet_skips_with_one_layer_are_refused(data, tmp_path, capsys):
+    assert_refused_before_any_work(capsys, data, tmp_path, ["--arch", "speedrun", "--n_layer", "1", "--unet_skips"],
+                                   "--unet_skips needs --n_layer 2 or more", "--no_unet_skips")
+
+
+def test_a_one_layer_speedrun_has_no_empty_skip_weights():
+    one = train_gpt2.make_gpt(train_gpt2.GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, arch="speedrun"))
+    assert all(p.numel() for p in one.parameters()), [n for n, p in one.named_parameters() if not p.numel()]
+    two = train_gpt2.make_gpt(train_gpt2.GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, arch="speedrun"))
+    assert two.config.unet_skips and two.skip_weights.shape == (1,)  # from 2 blocks on, as before
+
+
+def lowest_loss(cap, vocab_size):
+    """The reference: the loss of a token whose logit sits at the cap and every other at minus the cap, the best a
+    head squashed into (-cap, cap) can do."""
+    logits = torch.full((1, vocab_size), -cap, dtype=torch.float64)
+    logits[0, 0] = cap
+    return torch.nn.functional.cross_entropy(logits, torch.tensor([0])).item()
+
+
+@pytest.mark.parametrize("cap", ["0.5", "1", "4.9"])
+def test_a_logit_softcap_below_5_is_refused(data, tmp_path, capsys, cap):
+    assert lowest_loss(float(cap), 50304) > lowest_loss(5.0, 50304)
+    assert_refused_before_any_work(capsys, data, tmp_path, ["--logit_softcap", cap],
+                                   f"--logit_softcap {float(cap)}: must be 0 (off) or 5 or more",
+                                   f"above {lowest_loss(float(cap), 50304):.2f} over 50304 tokens")
+
+
+def test_the_smallest_logit_softcap_lets_a_token_get_below_a_gpt2s_loss(data, tmp_path):
+    assert lowest_loss(5.0, 50304) < 1.2  # a GPT-2 124M's mean validation loss is ~3
+    train(data, str(tmp_path / "log"), "--max_steps", "1", "--logit_softcap", "5")
