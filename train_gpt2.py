@@ -1253,6 +1253,7 @@ def main(argv=None):
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     config = model_config(args, saved_config)
+    arguments.check_evaluations_context(args, config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
     lr_schedule = resumed_schedule(ckpt, args, say) if ckpt is not None else LRSchedule.of(args)

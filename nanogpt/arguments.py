@@ -195,6 +195,20 @@ def check_memory(config, n_params, args, dtype, device_type, local_world_size):
                         + (f"a smaller {wide}" if wide else "--model tiny" if args.init_from == "scratch" else smaller))
 
 
+def check_scoring_context(block_size, what, fix):
+    """A context of one token (a --seq_len 1 run's) predicts nothing, so every continuation would tie at a loss of
+    0: scoring `what` is refused, saying `fix`."""
+    if block_size < 2:
+        raise UserError(f"a model with a context of {block_size} token cannot score {what}; {fix}")
+
+
+def check_evaluations_context(args, config):
+    """The loop's HellaSwag and CORE, refused before the log folder is made where the model cannot score them."""
+    for flag, what in (("hellaswag_every", "HellaSwag endings"), ("core_every", "CORE's continuations")):
+        if getattr(args, flag):
+            check_scoring_context(config.block_size, what, f"give --seq_len 2 or more, or --{flag} 0")
+
+
 def check_log_dir(log_dir):
     """Refuse a --log_dir that cannot be written, before any work; it is made once the run has started."""
     parent = log_dir

@@ -2,13 +2,15 @@
 write fails), each checked against what the run would otherwise have done."""
 
 import errno
+import json
 import os
 
 import pytest
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, make_shards, script_cli, train
+from conftest import (TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, make_shards, read_log, script_cli,
+                      train, write_hellaswag)
 from nanogpt import arguments
 from nanogpt.checkpoints import save_checkpoint
 
@@ -102,3 +104,31 @@ def test_a_logit_softcap_below_5_is_refused(data, tmp_path, capsys, cap):
 def test_the_smallest_logit_softcap_lets_a_token_get_below_a_gpt2s_loss(data, tmp_path):
     assert lowest_loss(5.0, 50304) < 1.2  # a GPT-2 124M's mean validation loss is ~3
     train(data, str(tmp_path / "log"), "--max_steps", "1", "--logit_softcap", "5")
+
+
+def one_task_bundle(folder):
+    """DCLM's bundle layout with one multiple-choice task of 4 examples: what --core_bundle reads."""
+    os.makedirs(os.path.join(folder, "eval_data", "commonsense"))
+    with open(os.path.join(folder, "core.yaml"), "w") as f:
+        f.write("icl_tasks:\n- label: copa_like\n  dataset_uri: commonsense/copa_like.jsonl\n  num_fewshot: 0\n"
+                "  icl_task_type: multiple_choice\n")
+    with open(os.path.join(folder, "eval_meta_data.csv"), "w") as f:
+        f.write("Eval Task,Task Category,Random baseline,Description\ncopa_like,reasoning,50,a test task\n")
+    with open(os.path.join(folder, "eval_data", "commonsense", "copa_like.jsonl"), "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"query": f"the dog runs {i}?", "choices": ["the ball", "a man walks"], "gold": i % 2})
+                    + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("flag", ["--core_every", "--hellaswag_every"])
+def test_in_loop_scoring_with_a_one_token_context_is_refused_before_the_log_folder(data, tmp_path, capsys, flag):
+    scored = {"--core_every": ["--core_bundle", one_task_bundle(str(tmp_path / "bundle"))],
+              "--hellaswag_every": ["--hellaswag_data", write_hellaswag(str(tmp_path / "hs.jsonl"), n=4)]}[flag]
+    short = [flag, "1", *scored, "--total_batch_size", "4"]
+    assert_refused_before_any_work(capsys, data, tmp_path, [*short, "--seq_len", "1"],
+                                   "a model with a context of 1 token cannot score", "--seq_len 2 or more", f"{flag} 0")
+    # the reference: with a context of 2 tokens the same run scores at step 0
+    log_dir = str(tmp_path / "two")
+    train(data, log_dir, *short, "--total_batch_size", "8", "--seq_len", "2")
+    assert 0 in read_log(log_dir)[{"--core_every": "core", "--hellaswag_every": "hella"}[flag]]
