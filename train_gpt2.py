@@ -1041,6 +1041,12 @@ def run_header(args, device, dtype, use_compile, world_size, model):
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {micro_batches_per_step(math.inf, micro, args.total_batch_size)} accumulation steps"]
+    min_lr, held_until = args.max_lr * args.min_lr_frac, args.max_steps - round(args.warmdown_frac * args.max_steps)
+    way_down = ("half a cosine" if args.lr_schedule == "cosine" else
+                f"held until step {max(args.warmup_steps, held_until)}, then a straight line")
+    lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {args.lr_schedule}: "
+                 f"{args.warmup_steps} warm-up steps to {args.max_lr:.4e}, {way_down} down to {min_lr:.4e} "
+                 f"at step {args.max_steps}")
     if args.init_from != "scratch" and not args.resume:
         preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "

@@ -1,9 +1,10 @@
 """Settings and folders that a run cannot succeed with, refused in one line before any work (or said plainly when a
-write fails), each checked against what the run would otherwise have done."""
+write fails), each checked against what the run would otherwise have done; and what the run's header says."""
 
 import errno
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -132,3 +133,26 @@ def test_in_loop_scoring_with_a_one_token_context_is_refused_before_the_log_fold
     log_dir = str(tmp_path / "two")
     train(data, log_dir, *short, "--total_batch_size", "8", "--seq_len", "2")
     assert 0 in read_log(log_dir)[{"--core_every": "core", "--hellaswag_every": "hella"}[flag]]
+
+
+LR_RE = re.compile(r"step\s+(\d+)/\d+ \| loss \S+ \| lr (\S+)")
+
+
+@pytest.mark.parametrize("extra, recipe, schedule", [
+    ([], "gpt2", "lr schedule cosine: 2 warm-up steps to 3.0000e-03, half a cosine down to 3.0000e-04 at step 10"),
+    (["--recipe", "modern", "--lr_schedule", "wsd", "--warmdown_frac", "0.4", "--max_lr", "3e-3"], "modern",
+     "lr schedule wsd: 2 warm-up steps to 3.0000e-03, held until step 6, then a straight line down to 3.0000e-04 at step 10"),
+])
+def test_the_run_header_names_the_recipe_and_the_schedule(data, tmp_path, capsys, extra, recipe, schedule):
+    capsys.readouterr()
+    train(data, str(tmp_path / "log"), "--max_steps", "10", "--eval_every", "0", "--save_every", "0", *extra)
+    out = capsys.readouterr().out
+    optimizer = "muon" if recipe == "modern" else "adamw"
+    assert f"\nrecipe {recipe} | optimizer {optimizer} | {schedule}\n" in out, out
+    # the reference: the rates the steps printed rise for 2 steps, then fall as said
+    lr = {int(s): float(v) for s, v in LR_RE.findall(out)}
+    assert lr[1] == 3e-3 and lr[0] < lr[1]
+    if recipe == "modern":
+        assert all(lr[s] == 3e-3 for s in range(1, 7)) and lr[7] < 3e-3 and lr[9] < lr[8] < lr[7]
+    else:
+        assert lr[2] == 3e-3 and all(lr[s + 1] < lr[s] for s in range(2, 9))
