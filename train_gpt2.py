@@ -28,7 +28,7 @@ import evaluate
 import hellaswag
 from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
-                                 restore_training_state, resume_checkpoint, strip_prefixes)
+                                 refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend, rms_norm,
@@ -50,6 +50,10 @@ from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_
 # Model config
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 128: faster matmuls, unused rows
+# logits within +-c give a token at most e^2c / (e^2c + vocab_size - 1) of the probability, so no token's loss goes
+# under ln(1 + (vocab_size - 1) e^-2c): over GPT-2's vocabulary 1.2 at c = 5, 3.9 at c = 3.5, 9.8 at c = 0.5, where a
+# GPT-2's mean loss is ~3: below 5 the cap holds the model back from the tokens it can be sure of
+MIN_LOGIT_SOFTCAP = 5.0
 
 
 @dataclass
@@ -80,13 +84,15 @@ class GPTConfig:
                                         "GPT-2's always is)", archs=("llama", "speedrun"))
     zero_init: bool = option(None, "the blocks' output projections start at zero, so each block starts as the "
                                    "identity (default: speedrun on)")
-    logit_softcap: float = option(None, "logits become c * tanh(logits / c) for this c; 0: off (default: speedrun 15)")
+    logit_softcap: float = option(None, "logits become c * tanh(logits / c) for this c, 5 or more; 0: off (default: "
+                                        "speedrun 15)")
     x0_mix: bool = option(None, "before every block x = a_i * x + b_i * x0, x0 the normed token embedding, a_i and "
                                 "b_i learned per layer (default: on)", archs=("speedrun",))
     value_embeds: bool = option(None, "embeddings of the tokens added into the values of every other layer's "
                                       "attention, through a learned gate per head (default: on)", archs=("speedrun",))
     unet_skips: bool = option(None, "the first half's block outputs added into the mirrored second-half blocks' inputs "
-                                    "with learned weights (default: on)", archs=("speedrun",))
+                                    "with learned weights; needs --n_layer 2 or more (default: on from 2 blocks)",
+                              archs=("speedrun",))
 
     def __post_init__(self):
         gpt2, speedrun = self.arch == "gpt2", self.arch == "speedrun"
@@ -103,7 +109,9 @@ class GPTConfig:
             self.tie_embeddings = gpt2
         if self.logit_softcap is None:
             self.logit_softcap = 15.0 if speedrun else 0.0
-        for name in ("qk_norm", "zero_init", "x0_mix", "value_embeds", "unet_skips"):  # the speedrun's, on by default
+        if self.unet_skips is None:  # one block has no half to skip over
+            self.unet_skips = speedrun and self.n_layer >= 2
+        for name in ("qk_norm", "zero_init", "x0_mix", "value_embeds"):  # the speedrun's, on by default
             if getattr(self, name) is None:
                 setattr(self, name, speedrun)
         # what no model can be built of (a ValueError: nanogpt.config_fields says it in one line)
@@ -124,6 +132,14 @@ class GPTConfig:
                              "500000)")
         if self.logit_softcap < 0:
             raise ValueError(f"--logit_softcap {self.logit_softcap}: must be 0 (off) or more")
+        if 0 < self.logit_softcap < MIN_LOGIT_SOFTCAP:
+            c, v = self.logit_softcap, self.vocab_size
+            raise ValueError(f"--logit_softcap {c}: must be 0 (off) or {MIN_LOGIT_SOFTCAP:g} or more; logits within "
+                             f"+-{c} keep every token's loss above {math.log1p((v - 1) * math.exp(-2 * c)):.2f} over "
+                             f"{v} tokens, so the model cannot learn (the speedrun's is 15)")
+        if self.unet_skips and self.n_layer < 2:
+            raise ValueError(f"--unet_skips needs --n_layer 2 or more (with {self.n_layer} block there is no first half "
+                             "to skip from); pass --no_unet_skips or more layers")
 
 
 # Shapes of the GPT-2 family by depth; `tiny` trains in minutes on a laptop CPU.
@@ -1063,6 +1079,12 @@ def run_header(args, device, dtype, use_compile, world_size, model):
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {micro_batches_per_step(math.inf, micro, args.total_batch_size)} accumulation steps"]
+    min_lr, held_until = args.max_lr * args.min_lr_frac, args.max_steps - round(args.warmdown_frac * args.max_steps)
+    way_down = ("half a cosine" if args.lr_schedule == "cosine" else
+                f"held until step {max(args.warmup_steps, held_until)}, then a straight line")
+    lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {args.lr_schedule}: "
+                 f"{args.warmup_steps} warm-up steps to {args.max_lr:.4e}, {way_down} down to {min_lr:.4e} "
+                 f"at step {args.max_steps}")
     if args.init_from != "scratch" and not args.resume:
         preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "
@@ -1256,6 +1278,7 @@ def main(argv=None):
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
     ckpt_path, ckpt, saved_config = None, None, None
+    refuse_checkpoint_lookalikes(args.log_dir)
     if args.resume and not args.overwrite:
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master, check_resumable)
         if ckpt is not None:
@@ -1277,6 +1300,7 @@ def main(argv=None):
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     config = model_config(args, saved_config)
+    arguments.check_evaluations_context(args, config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
     lr_schedule = resumed_schedule(ckpt, args, say) if ckpt is not None else LRSchedule.of(args)

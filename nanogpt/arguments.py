@@ -167,6 +167,12 @@ def available_memory_bytes():
     return None
 
 
+def widening_flags(args):
+    """The flags given that widen the model beyond its preset's shape (--vocab_size: the embedding, the head and
+    the logits; --mlp_hidden: every MLP), for an out-of-memory message to name."""
+    return [f"--{name}" for name in ("vocab_size", "mlp_hidden") if name in args.explicit]
+
+
 def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
@@ -175,8 +181,9 @@ def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     have = available_memory_bytes()
     if have is None:
         return
-    smaller = ("a smaller --model or --n_layer/--n_embd" if args.init_from == "scratch"
-               else f"a smaller model than --init_from {args.init_from}")
+    wide = " or ".join(widening_flags(args))
+    smaller = (f"a smaller model than --init_from {args.init_from}" if args.init_from != "scratch"
+               else f"a smaller {wide}, --model or --n_layer/--n_embd" if wide else "a smaller --model or --n_layer/--n_embd")
     weights = 4 * n_params
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
@@ -187,7 +194,21 @@ def check_memory(config, n_params, args, dtype, device_type, local_world_size):
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
-                        + ("--model tiny" if args.init_from == "scratch" else smaller))
+                        + (f"a smaller {wide}" if wide else "--model tiny" if args.init_from == "scratch" else smaller))
+
+
+def check_scoring_context(block_size, what, fix):
+    """A context of one token (a --seq_len 1 run's) predicts nothing, so every continuation would tie at a loss of
+    0: scoring `what` is refused, saying `fix`."""
+    if block_size < 2:
+        raise UserError(f"a model with a context of {block_size} token cannot score {what}; {fix}")
+
+
+def check_evaluations_context(args, config):
+    """The loop's HellaSwag and CORE, refused before the log folder is made where the model cannot score them."""
+    for flag, what in (("hellaswag_every", "HellaSwag endings"), ("core_every", "CORE's continuations")):
+        if getattr(args, flag):
+            check_scoring_context(config.block_size, what, f"give --seq_len 2 or more, or --{flag} 0")
 
 
 def check_log_dir(log_dir):

@@ -16,7 +16,7 @@ import torch
 
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import config_from_checkpoint
-from nanogpt.files import CPUS, atomic_write, block_digests
+from nanogpt.files import CPUS, atomic_write, block_digests, disk_advice
 from nanogpt.sharding import load_optimizer_state
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -38,6 +38,16 @@ def find_checkpoints(log_dir):
     found = [(int(m.group(1)), n) for n in os.listdir(log_dir)
              if (m := CHECKPOINT_RE.match(n)) and os.path.isfile(os.path.join(log_dir, n))]
     return [os.path.join(log_dir, n) for _, n in sorted(found, reverse=True)]
+
+
+def refuse_checkpoint_lookalikes(log_dir):
+    """A run saves model_<step>.pt files in log_dir; a folder (or anything not a file) under such a name would end
+    the run at that save, after the training before it, so it is refused before any work."""
+    names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
+    for path in (os.path.join(log_dir, n) for n in names if CHECKPOINT_RE.match(n)):
+        if not os.path.isfile(path):
+            raise UserError(f"{path} is named like a checkpoint but is not a file, and a save there would fail; "
+                            "move or rename it (nothing was changed)")
 
 
 def newest_checkpoint(path):
@@ -112,7 +122,7 @@ def save_checkpoint(path, checkpoint):
         if not isinstance(cause, OSError):
             raise
         raise UserError(f"cannot write checkpoint {path} ({cause.strerror or cause}); "
-                        "free disk space or pick another --log_dir (earlier checkpoints are intact)") from None
+                        f"{disk_advice(cause)}pick another --log_dir (earlier checkpoints are intact)") from None
 
 
 def load_checkpoint(path, map_location="cpu"):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from nanogpt.arguments import check_scoring_context
 from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.files import atomic_write
@@ -95,9 +96,7 @@ def scoring_context(model, what):
     """The model's context (block_size); a context of one token, a --seq_len 1 run's, predicts nothing, so
     every continuation would tie at a loss of 0: refused, naming `what` it was to score."""
     block_size = unwrap(model).config.block_size
-    if block_size < 2:
-        raise UserError(f"a model with a context of {block_size} token cannot score {what}; "
-                        "use a checkpoint of a run with --seq_len 2 or more")
+    check_scoring_context(block_size, what, "use a checkpoint of a run with --seq_len 2 or more")
     return block_size
 
 

@@ -5,6 +5,7 @@ atomic writes through a temporary twin, the names of those temporaries, the file
 input's blocks hashed on all cores), and the lock that keeps a second writer out of a folder.
 """
 
+import errno
 import hashlib
 import os
 import re
@@ -134,6 +135,14 @@ def output_file(path, mode="w"):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     with os.fdopen(fd, mode) as f:  # fdopen truncates nothing
         yield f
+
+
+def disk_advice(e):
+    """'free disk space or ' where the OSError e is a full disk or quota, else '' (a folder in the way, a
+    permission, a file size limit: freeing space would not help). Rust's errors (safetensors') end in `(os error N)`."""
+    full = (errno.ENOSPC, errno.EDQUOT)
+    return "free disk space or " if (getattr(e, "errno", None) in full
+                                     or any(f"(os error {n})" in str(e) for n in full)) else ""
 
 
 def fsync_dir(path):

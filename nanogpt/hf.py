@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import check_exportable
-from nanogpt.files import lock_folder, unlock_folder
+from nanogpt.files import disk_advice, lock_folder, unlock_folder
 from nanogpt.layers import RMS_EPS
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -299,7 +299,7 @@ def export_hf(model, out_dir, also=None):
 
         if isinstance(e, (OSError, SafetensorError)):
             raise UserError(f"cannot write --export_hf {out_dir} ({getattr(e, 'strerror', None) or brief(e)}); "
-                            "free disk space or pick another folder (nothing was left behind)") from None
+                            f"{disk_advice(e)}pick another folder (nothing was left behind)") from None
         raise
     return kind, added
 

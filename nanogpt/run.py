@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanogpt.arguments import check_schedule
+from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size
@@ -108,7 +108,7 @@ class Run:
                     path = self.save(step - 1, loader_state, self.tokens_seen)
                     self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
                 if out_of_memory:
-                    raise out_of_memory_error(e, self.args.batch_size, self.args.seq_len) from None
+                    raise out_of_memory_error(e, self.args) from None
                 raise
         if attempt is not None and attempt.retry:  # the failed try's tensors are free now: give the cache back too
             release_memory(self.device_type)
@@ -207,17 +207,26 @@ class Attempt:
     retry: bool = True
 
 
-def out_of_memory_error(e, batch_size, seq_len):
-    """The one line for an out-of-memory that ends the run: what to lower."""
+def out_of_memory_error(e, args):
+    """The one line for an out-of-memory that ends the run: what to lower (--vocab_size / --mlp_hidden too where
+    they were given: they made the model big)."""
     memory = "GPU memory" if isinstance(e, torch.OutOfMemoryError) else "memory"
-    smaller = smaller_batch_size(batch_size)
-    fix = (f"lower --batch_size (to {smaller}: gradient accumulation keeps --total_batch_size)" if smaller else
-           "lower --seq_len, pick a smaller --model, or try --recompute or --loss_impl chunked")
-    return UserError(f"out of {memory} at batch_size {batch_size} x seq_len {seq_len}; {fix}")
+    smaller = smaller_batch_size(args.batch_size)
+    wide = "".join(f" or {flag}" for flag in widening_flags(args))
+    fix = (f"lower --batch_size (to {smaller}: gradient accumulation keeps --total_batch_size){wide}" if smaller else
+           f"lower --seq_len{wide}, pick a smaller --model, or try --recompute or --loss_impl chunked")
+    return UserError(f"out of {memory} at batch_size {args.batch_size} x seq_len {args.seq_len}; {fix}")
 
 
 def weights_finite(model):
     # the largest and smallest entry of each tensor: NaN and +-inf show there, and no temporary the size of the
-    # weights is made (amax/amin, not aminmax: --fsdp's sharded tensors have no aminmax)
-    extremes = [torch.stack((p.detach().amax(), p.detach().amin())).float() for p in model.parameters() if p.numel()]
-    return bool(torch.isfinite(torch.stack(extremes)).all()) if extremes else True
+    # weights is made. Under --fsdp each rank looks at its own shards (a tensor with fewer rows than ranks leaves
+    # some ranks an empty one) and the ranks agree, so that all stop or none.
+    params = list(model.parameters())
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    extremes = [torch.stack((t.detach().amax(), t.detach().amin())).float() for t in local if t.numel()]
+    broken = (~torch.isfinite(torch.stack(extremes))).any().float() if extremes else torch.zeros(())
+    if any(hasattr(p, "to_local") for p in params):
+        broken = broken.to(local[0].device)
+        torch.distributed.all_reduce(broken, op=torch.distributed.ReduceOp.MAX)
+    return not bool(broken)

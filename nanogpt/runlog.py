@@ -13,7 +13,7 @@ import torch
 
 from nanogpt.checkpoints import CHECKPOINT_RE, find_checkpoints
 from nanogpt.cli import UserError, brief
-from nanogpt.files import atomic_write, lock_folder, temporary_of, unlock_folder
+from nanogpt.files import atomic_write, disk_advice, lock_folder, temporary_of, unlock_folder
 from nanogpt.runtime import console
 
 
@@ -111,7 +111,7 @@ class RunLog:
                 os.remove(self.path)
         except OSError as e:
             raise UserError(f"cannot rewrite {self.path} ({e.strerror or e}); "
-                            "free disk space, or make it a writable file") from None
+                            f"{disk_advice(e)}make it a writable file") from None
 
     def open_trackers(self, args, purge_step):
         if args.tensorboard:
@@ -144,7 +144,7 @@ class RunLog:
                 f.write(f"{step} {line}\n")
         except OSError as e:
             raise UserError(f"cannot append to {self.path} ({e.strerror or e}); "
-                            "free disk space or pick another --log_dir") from None
+                            f"{disk_advice(e)}pick another --log_dir") from None
         if self.tensorboard is not None:
             for name, value in scalars.items():
                 self.tensorboard.add_scalar(name, value, step)
