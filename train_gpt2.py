@@ -13,6 +13,7 @@ the log folder, argument checks, the device) lives in the nanogpt/ package (docs
 Importing this file does nothing; hellaswag.py, evaluate.py and generate_tokens.py import the model from it.
 """
 
+import functools
 import inspect
 import math
 import os
@@ -31,6 +32,8 @@ from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_check
                                  refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
+from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_in_memory,
+                             trial_step)
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend, rms_norm,
                             value_embed_layers)
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
@@ -41,8 +44,6 @@ from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context,
                              pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
                             shard_shipped_text, verify_shards)
-from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_in_memory,
-                             trial_step)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
 
@@ -957,7 +958,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         n_params = make_gpt(config).num_params()
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     fit = fits_by_trial(args, ckpt, device_type)
-    if fit or args.batch_size == "auto":  # the largest micro-batch it may take; a trial below picks the one that fits
+    if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
         args.batch_size = largest_batch_size(args, config, n_params, dtype, device_type, world_size, local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
@@ -991,8 +992,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     eval_model = model  # compiled, without the DDP wrapper: validation and HellaSwag run on every rank alone
     if fit and not fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
         reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
-        trial = lambda b: trial_step(eval_model, optimizer, b, args.seq_len, device, autocast_context(device_type, dtype),  # noqa: E731
-                                     reserve)
+        trial = functools.partial(trial_step, eval_model, optimizer, seq_len=args.seq_len, device=device,
+                                  autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
                                          run.say)
