@@ -32,8 +32,9 @@ def main():
     if rank == 0:
         with torch.no_grad():
             model.transformer.wte.weight.to_local()[0, 0] = float("nan")
-    print(f"rank {rank}: empty shards {empty}, healthy {healthy}, after a NaN on rank 0: {weights_finite(model)}",
-          flush=True)
+    # one write of the whole line: the ranks share torchrun's stdout, and print() writes the text and its newline apart
+    os.write(1, f"rank {rank}: empty shards {empty}, healthy {healthy}, after a NaN on rank 0: {weights_finite(model)}\n"
+             .encode())
     dist.destroy_process_group()
 
 
