@@ -34,7 +34,7 @@ from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flag
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
 from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_in_memory,
                              trial_step)
-from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend, rms_norm,
+from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
 from nanogpt.optimizers import groups_by_role, muon_with_adamw
@@ -197,11 +197,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, bias=True, activation=None):
         super().__init__()
-        bias = config.arch == "gpt2"  # the other architectures have none
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=bias)
-        self.act = nn.GELU(approximate="tanh") if config.mlp_act == "gelu" else ReLUSquared()  # GPT-2's: tanh GELU
+        self.act = activation or nn.GELU(approximate="tanh")  # GPT-2's GELU, its tanh approximation
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=bias)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
@@ -209,41 +208,45 @@ class MLP(nn.Module):
         return self.c_proj(self.act(self.c_fc(x)))
 
 
-class Block(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.ln_1 = norm(config)  # the other architectures' pieces: nanogpt.layers
-        self.attn = CausalSelfAttention(config, layer_idx) if config.arch == "gpt2" else LlamaAttention(config, layer_idx)
-        self.ln_2 = norm(config)
-        self.mlp = SwiGLU(config) if config.mlp_act == "swiglu" else MLP(config)
+@dataclass(frozen=True)
+class Pieces:
+    """What a GPT's blocks are made of: GPT-2's, or another architecture's chosen by pieces_of(config) below."""
+    norm: object = nn.LayerNorm  # size -> the norm before attention, before the MLP and at the end
+    attention: object = CausalSelfAttention  # (config, layer_idx) -> the attention
+    mlp: object = MLP  # config -> the MLP
+    learned_positions: bool = True  # GPT-2's wpe; the other architectures rotate queries and keys instead
 
-    def forward(self, x, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), kv_cache)
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx, pieces=Pieces()):
+        super().__init__()
+        self.ln_1 = pieces.norm(config.n_embd)
+        self.attn = pieces.attention(config, layer_idx)
+        self.ln_2 = pieces.norm(config.n_embd)
+        self.mlp = pieces.mlp(config)
+
+    def forward(self, x, kv_cache=None, *attn_inputs):  # attn_inputs: the speedrun's value embedding
+        x = x + self.attn(self.ln_1(x), kv_cache, *attn_inputs)
         x = x + self.mlp(self.ln_2(x))
         return x
-
-
-def norm(config):
-    """GPT-2's LayerNorm, or the RMSNorm of the other architectures (nanogpt.layers)."""
-    return nn.LayerNorm(config.n_embd) if config.arch == "gpt2" else rms_norm(config, config.n_embd)
 
 
 class GPT(nn.Module):
     # --recompute (activation checkpointing): in training, keep only each Block's input and run the
     # Block again during backward (torch.utils.checkpoint): less memory, ~1/3 more compute, the same numbers
     recompute = False
-    block_class = Block  # SpeedrunGPT's blocks take one more input
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        positions = dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if config.arch == "gpt2" else {}
+        pieces = pieces_of(config)
+        positions = dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if pieces.learned_positions else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                **positions,  # learned positions; llama rotates queries and keys instead
-                h=nn.ModuleList([self.block_class(config, i) for i in range(config.n_layer)]),
-                ln_f=norm(config),
+                **positions,
+                h=nn.ModuleList([Block(config, i, pieces) for i in range(config.n_layer)]),
+                ln_f=pieces.norm(config.n_embd),
             )
         )
         self.lm_head = (nn.Linear(config.n_embd, config.vocab_size, bias=False) if not config.logit_softcap
@@ -425,24 +428,31 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator
 
 
 # -----------------------------------------------------------------------------
-# Beyond GPT-2: --arch speedrun's trunk (its layers, and llama's, are in nanogpt.layers; docs/recipes.md)
+# Beyond GPT-2: the other architectures' pieces (their layers are in nanogpt.layers) and --arch speedrun's trunk
+# (docs/recipes.md)
 
 
-class SpeedrunBlock(Block):
-    def forward(self, x, kv_cache=None, ve=None):
-        x = x + self.attn(self.ln_1(x), kv_cache, ve)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+def pieces_of(config):
+    """The layers config's blocks are made of, chosen here and nowhere else: GPT-2's (LayerNorm, the attention and
+    MLP above, learned positions), or llama's and the speedrun's: RMSNorm (the speedrun's without gains), rotary
+    attention, no biases; each with the MLP of --mlp_act."""
+    if config.arch == "gpt2":
+        norm, attention, bias = nn.LayerNorm, CausalSelfAttention, True
+    else:
+        norm = functools.partial(nn.RMSNorm, eps=RMS_EPS, elementwise_affine=config.arch == "llama")
+        attention, bias = functools.partial(LlamaAttention, norm=norm), False
+    mlp = {"gelu": MLP if bias else functools.partial(MLP, bias=False),
+           "relu2": lambda cfg: MLP(cfg, bias, activation=ReLUSquared()),
+           "swiglu": SwiGLU}[config.mlp_act]
+    return Pieces(norm, attention, mlp, learned_positions=config.arch == "gpt2")
 
 
 class SpeedrunGPT(GPT):
     """The GPT of --arch speedrun: llama's attention (rotary, QK-norm without gains), a ReLU² MLP, RMSNorm without
-    gains, no biases, an untied and softcapped head (all chosen by GPTConfig in the classes above), and a trunk of
-    its own: the token embedding normed (x0), mixed back in before every block with learned per-layer scalars
-    (x0_mix); the first half's block outputs added into the mirrored second half's inputs with learned weights
-    (unet_skips); value embeddings into every other layer's attention (value_embeds)."""
-
-    block_class = SpeedrunBlock
+    gains, no biases (pieces_of), an untied and softcapped head (GPTConfig's defaults), and a trunk of its own: the
+    token embedding normed (x0), mixed back in before every block with learned per-layer scalars (x0_mix); the first
+    half's block outputs added into the mirrored second half's inputs with learned weights (unet_skips); value
+    embeddings into every other layer's attention (value_embeds)."""
 
     def __init__(self, config):
         super().__init__(config)

@@ -1,7 +1,7 @@
 """
 The layers of train_gpt2.py's GPT beyond the lecture's GPT-2 ones: causal attention over a key/value cache (every
-architecture's, generation's too), and the pieces of --arch llama and --arch speedrun, which Block and GPT pick
-when they are built from a GPTConfig: RMSNorm, rotary positions, llama's attention (separate q, k, v; fewer
+architecture's, generation's too), and the pieces of --arch llama and --arch speedrun, which train_gpt2.pieces_of
+picks from a GPTConfig: the RMSNorm epsilon, rotary positions, llama's attention (separate q, k, v; fewer
 key/value heads; QK-norm; the speedrun's value embeddings), SwiGLU, ReLU², the softcapped head. docs/recipes.md.
 """
 
@@ -11,11 +11,6 @@ import torch.nn.functional as F
 
 RMS_EPS = 1e-6  # the RMSNorm epsilon of llama and the speedrun (Llama 3's and Qwen3's)
 VE_GATE_CHANNELS = 12  # the input channels a value embedding's gate reads (nanochat's)
-
-
-def rms_norm(config, size):
-    """RMSNorm over `size` channels: llama's with a learned gain, the speedrun's without."""
-    return nn.RMSNorm(size, eps=RMS_EPS, elementwise_affine=config.arch == "llama")
 
 
 class KVCache:
@@ -72,17 +67,17 @@ class Rotary(nn.Module):
 
 class LlamaAttention(nn.Module):
     """q, k and v from matrices of their own (fewer key/value heads; Muon orthogonalises each on its own),
-    QK-norm where asked, rotary positions, no biases."""
+    QK-norm where asked (norm: size -> the architecture's RMSNorm), rotary positions, no biases."""
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, norm):
         super().__init__()
         self.layer_idx, self.n_head, self.n_kv_head = layer_idx, config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
         self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
-        self.q_norm = rms_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = rms_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.q_norm = norm(self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = norm(self.head_dim) if config.qk_norm else nn.Identity()
         self.rotary = Rotary(self.head_dim, config.rope_theta)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_proj.RESIDUAL_SCALE_INIT = True
