@@ -32,14 +32,14 @@ from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_check
                                  refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
-from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_in_memory,
-                             trial_step)
+from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_by_trial,
+                             fits_in_memory, largest_batch_size, trial_step)
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
 from nanogpt.optimizers import groups_by_role, muon_with_adamw
 from nanogpt.run import Attempt, Run
-from nanogpt.runlog import check_tracking
+from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
                              pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
@@ -969,7 +969,9 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     fit = fits_by_trial(args, ckpt, device_type)
     if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
-        args.batch_size = largest_batch_size(args, config, n_params, dtype, device_type, world_size, local_world_size)
+        preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
+        args.batch_size = largest_batch_size(args, preset, config, n_params, dtype, device_type, world_size,
+                                             local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
@@ -1022,7 +1024,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     score_core = (evaluate.scorer_for_training(args.core_bundle, args.core_max_per_task, ddp, rank, world_size, device, fsdp)
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
-    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model), ckpt=ckpt, ckpt_path=ckpt_path,
+    accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation), ckpt=ckpt, ckpt_path=ckpt_path,
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
@@ -1030,27 +1033,6 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
                          score_core=score_core, start_step=start_step, tokens_seen=tokens_seen)
-
-
-def fits_by_trial(args, ckpt, device_type):
-    """Whether this run picks its micro-batch by trial: --batch_size auto, or on a GPU (CUDA, MPS) the default
-    (the preset's, 64 for GPT-2) on a fresh run. A resumed run keeps its checkpoint's unless told; on a CPU the
-    default stays the lecture's, as given."""
-    return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
-
-
-def largest_batch_size(args, config, n_params, dtype, device_type, world_size, local_world_size):
-    """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
-    up to the preset's micro-batch; on a CPU, whose out-of-memory the kernel answers by killing the process, the
-    largest whose estimated memory (arguments.estimated_bytes) is available."""
-    cap = args.batch_size if args.batch_size != "auto" else RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
-    candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
-    have = arguments.available_memory_bytes() if device_type == "cpu" else None
-    if have is not None:
-        candidates = [b for b in candidates
-                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype) * local_world_size <= have
-                      ] or candidates[-1:]
-    return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 
 
 def model_config(args, saved_config=None):
@@ -1081,29 +1063,6 @@ def adamw_rates(args):
     get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
     rates = {role: get(f"{role}_lr") for role in ("embed", "head", "scalar")}
     return rates if any(rate is not None for rate in rates.values()) else None
-
-
-def run_header(args, device, dtype, use_compile, world_size, model):
-    B, T = args.batch_size, args.seq_len
-    micro = B * T * world_size
-    lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
-             f"model {model.config} | {model.num_params():,} parameters",
-             f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
-             f"x {micro_batches_per_step(math.inf, micro, args.total_batch_size)} accumulation steps"]
-    min_lr, held_until = args.max_lr * args.min_lr_frac, args.max_steps - round(args.warmdown_frac * args.max_steps)
-    way_down = ("half a cosine" if args.lr_schedule == "cosine" else
-                f"held until step {max(args.warmup_steps, held_until)}, then a straight line")
-    lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {args.lr_schedule}: "
-                 f"{args.warmup_steps} warm-up steps to {args.max_lr:.4e}, {way_down} down to {min_lr:.4e} "
-                 f"at step {args.max_steps}")
-    if args.init_from != "scratch" and not args.resume:
-        preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
-        lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "
-                     "(a transformers config's dropout settings are not used)")
-    if args.batch_size_warmup_tokens:
-        lines.append(f"batch warm-up: from {args.batch_size_start or micro} to {args.total_batch_size} "
-                     f"tokens per step over the first {args.batch_size_warmup_tokens:,} tokens")
-    return "\n".join(lines)
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ import gc
 
 import torch
 
+from nanogpt import arguments
 from nanogpt.cli import UserError
 from nanogpt.optimizers import MuonWithAdamW
 from nanogpt.runtime import is_out_of_memory
@@ -26,6 +27,27 @@ def batch_size_arg(text):
     if value < 1:
         raise ValueError(f"{text!r} is neither a positive whole number nor auto")
     return value
+
+
+def fits_by_trial(args, ckpt, device_type):
+    """Whether this run picks its micro-batch by trial: --batch_size auto, or on a GPU (CUDA, MPS) the default
+    (the preset's, 64 for GPT-2) on a fresh run. A resumed run keeps its checkpoint's unless told; on a CPU the
+    default stays the lecture's, as given."""
+    return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
+
+
+def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size):
+    """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
+    up to --batch_size (auto: the preset's micro-batch); on a CPU, whose out-of-memory the kernel answers by killing
+    the process, the largest whose estimated memory (arguments.estimated_bytes) is available."""
+    cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
+    candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
+    have = arguments.available_memory_bytes() if device_type == "cpu" else None
+    if have is not None:
+        candidates = [b for b in candidates
+                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype) * local_world_size <= have
+                      ] or candidates[-1:]
+    return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):
