@@ -181,7 +181,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.layer_idx, self.n_head, self.n_embd = layer_idx, config.n_head, config.n_embd
+        self.config, self.layer_idx, self.n_head, self.n_embd = config, layer_idx, config.n_head, config.n_embd
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
@@ -191,7 +191,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = attend(q, k, v, kv_cache, self.layer_idx)  # flash attention (SDPA, causal); and the KV cache when sampling
+        # flash attention (SDPA, causal); and the KV cache when sampling
+        y = attend(q, k, v, self.config, kv_cache, self.layer_idx)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.c_proj(y)
 
@@ -789,6 +790,22 @@ class LRSchedule:
     def moved(self):
         return None if (self.start, self.start_lr) == (0, None) else {"start": self.start, "start_lr": self.start_lr}
 
+    def min_lr(self):
+        return self.settings["max_lr"] * self.settings["min_lr_frac"]
+
+    def way_down(self):
+        """The shape after the warmup, in words (the run header's and a resume's)."""
+        s = self.settings
+        if s["lr_schedule"] == "cosine":
+            return "half a cosine"
+        begin = self.start + s["warmup_steps"] if self.start_lr is None else self.start
+        return f"held until step {max(begin, s['max_steps'] - round(s['warmdown_frac'] * s['max_steps']))}, then a straight line"
+
+    def describe(self):
+        s = self.settings
+        return (f"{s['lr_schedule']}: {s['warmup_steps']} warm-up steps to {s['max_lr']:.4e}, {self.way_down()} down to "
+                f"{self.min_lr():.4e} at step {s['max_steps']}")
+
 
 def resumed_schedule(ckpt, args, say):
     """The resumed run's LRSchedule. When the command line changes the schedule's settings, --schedule_change
@@ -805,12 +822,11 @@ def resumed_schedule(ckpt, args, say):
     step = ckpt["step"] + 1
     now = LRSchedule.of(args, **{"recompute": moved, "restart": dict(start=step),
                                  "stretch": dict(start=step, start_lr=before(step))}[args.schedule_change])
-    shape = "a cosine" if args.lr_schedule == "cosine" else "the rate held, then a straight line"
     what = {"recompute": f"the schedule of the new settings from step {moved['start']} (--schedule_change stretch "
                          "continues from the rate it has, restart warms up again)",
-            "stretch": f"from there {shape} down to {args.max_lr * args.min_lr_frac:.4e} at step {args.max_steps}",
-            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {shape} to step "
-                       f"{args.max_steps}"}[args.schedule_change]
+            "stretch": f"from there {now.way_down()} down to {now.min_lr():.4e} at step {args.max_steps}",
+            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {now.way_down()} to "
+                       f"{now.min_lr():.4e} at step {args.max_steps}"}[args.schedule_change]
     say(f"--resume: the learning-rate schedule changes: at step {step} the rate is {now(step):.4e} "
         f"({before(step):.4e} under the checkpoint's settings); {what}")
     return now
@@ -1025,7 +1041,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
-    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation), ckpt=ckpt, ckpt_path=ckpt_path,
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule),
+              ckpt=ckpt, ckpt_path=ckpt_path,
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer

@@ -73,10 +73,12 @@ def config_from_flags(config_class, args, base):
 
 
 def check_value(f, value):
-    """Counts from 1 to INT_MAX, finite floats: anything else is a typo, or overflows torch's C integers."""
+    """Counts from 1 to INT_MAX (from 0 where the default is 0: off), finite floats: anything else is a typo, or
+    overflows torch's C integers."""
     name = f.metadata["flag"] or f.name
-    if f.type is int and not 1 <= value <= INT_MAX:
-        raise UserError(f"--{name} {value}: must be a whole number from 1 to {INT_MAX}")
+    lowest = 0 if f.default == 0 else 1
+    if f.type is int and not lowest <= value <= INT_MAX:
+        raise UserError(f"--{name} {value}: must be a whole number from {lowest} to {INT_MAX}")
     if f.type is float and not math.isfinite(value):
         raise UserError(f"--{name} {value}: must be a finite number")
 

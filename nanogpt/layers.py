@@ -25,10 +25,11 @@ class KVCache:
         self.pos = 0  # positions filled; GPT.hidden_states advances it
 
 
-def attend(q, k, v, kv_cache=None, layer_idx=0):
+def attend(q, k, v, config, kv_cache=None, layer_idx=0):
     """Causal attention of the queries q (B, heads, T, head_dim) over the keys and values k, v (B, kv_heads, T,
     head_dim); each key/value head serves heads // kv_heads query heads in a row (grouped-query attention).
-    With kv_cache, k and v are appended to the layer's cache and q attends over all of it."""
+    With kv_cache, k and v are appended to the layer's cache and q attends over all of it. Every architecture's
+    attention comes here with its GPTConfig, so an option of how queries see keys is one edit."""
     T = q.size(2)
     p = 0 if kv_cache is None else kv_cache.pos
     if kv_cache is not None:
@@ -71,7 +72,7 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config, layer_idx, norm):
         super().__init__()
-        self.layer_idx, self.n_head, self.n_kv_head = layer_idx, config.n_head, config.n_kv_head
+        self.config, self.layer_idx, self.n_head, self.n_kv_head = config, layer_idx, config.n_head, config.n_kv_head
         self.head_dim = config.n_embd // config.n_head
         self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
@@ -95,7 +96,7 @@ class LlamaAttention(nn.Module):
             v = v + gate * ve.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         start = 0 if kv_cache is None else kv_cache.pos
         q, k = self.rotary(self.q_norm(q), start), self.rotary(self.k_norm(k), start)  # after QK-norm, as Qwen3
-        y = attend(q, k, v, kv_cache, self.layer_idx)
+        y = attend(q, k, v, self.config, kv_cache, self.layer_idx)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 

@@ -177,19 +177,14 @@ def trim_log(log_file, last_step):
         f.writelines(kept)
 
 
-def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps):
+def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule):
     """The run's first lines: where it runs, the model, the batch split, the recipe and its learning-rate schedule."""
     B, T = args.batch_size, args.seq_len
     lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {accumulation_steps} accumulation steps"]
-    min_lr, held_until = args.max_lr * args.min_lr_frac, args.max_steps - round(args.warmdown_frac * args.max_steps)
-    way_down = ("half a cosine" if args.lr_schedule == "cosine" else
-                f"held until step {max(args.warmup_steps, held_until)}, then a straight line")
-    lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {args.lr_schedule}: "
-                 f"{args.warmup_steps} warm-up steps to {args.max_lr:.4e}, {way_down} down to {min_lr:.4e} "
-                 f"at step {args.max_steps}")
+    lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {lr_schedule.describe()}")
     if args.init_from != "scratch" and not args.resume:
         preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "

@@ -19,7 +19,8 @@ import train_gpt2
 from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_refused_before_any_work, script_cli,
                       write_hellaswag)
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint, save_checkpoint
-from nanogpt.config_fields import option
+from nanogpt.cli import UserError
+from nanogpt.config_fields import check_value, option
 from nanogpt.hf import export_hf
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -213,6 +214,20 @@ def test_a_checkpoint_config_no_model_of_this_program_has_is_refused_by_name(sha
 ])
 def test_bad_model_flags_are_one_line(shards, tmp_path, capsys, extra, named):
     assert_refused_before_any_work(capsys, shards, tmp_path, extra, named)
+
+
+def test_a_count_whose_default_is_0_takes_0_for_off():
+    @dataclasses.dataclass
+    class Config:
+        window: int = option(0, "a count, 0: off")
+        layers: int = option(12, "a count")
+
+    window, layers = dataclasses.fields(Config)
+    check_value(window, 0)
+    with pytest.raises(UserError, match="--window -1: must be a whole number from 0 to"):
+        check_value(window, -1)
+    with pytest.raises(UserError, match="--layers 0: must be a whole number from 1 to"):
+        check_value(layers, 0)
 
 
 def test_an_unpadded_gpt2_vocabulary_trains(shards, tmp_path, capsys):
