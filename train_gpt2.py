@@ -42,10 +42,10 @@ from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
                              pick_device, pick_dtype)
-from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, laptop_data_dir, list_shards, read_shard,
-                            shard_shipped_text, verify_shards)
+from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
+                            read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
-from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
 
 # -----------------------------------------------------------------------------
 # Model config
@@ -655,21 +655,6 @@ class DataLoaderLite:
         self.base += B * T * self.world_size
         self._advance_if_full()
         return x, y
-
-
-def document_starts(tokens, chunk=1 << 24):
-    """Where a shard's documents start: at each <|endoftext|>, and at 0 (tokens before the first
-    <|endoftext|> are a document too; a shard without one is one document). Read in chunks, so a
-    100M-token shard never becomes one big temporary array."""
-    found = [np.flatnonzero(np.asarray(tokens[i : i + chunk]) == EOT_TOKEN) + i for i in range(0, len(tokens), chunk)]
-    starts = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), *[f.astype(np.int64) for f in found]]))
-    return starts.astype(np.uint32) if len(tokens) < 2**32 else starts  # kept per shard: 4 bytes a document
-
-
-def shuffle_rng(seed, epoch, *keys):
-    """The generator of one epoch's order. keys tell the shard order ((0,)) from a shard's document
-    order ((1, shard)); seeds of different lengths never collide, as trailing zeros would."""
-    return np.random.default_rng([seed, epoch, *keys])
 
 
 class ShuffledDataLoader(DataLoaderLite):

@@ -13,6 +13,7 @@ import numpy as np
 
 from nanogpt.cli import UserError, brief
 from nanogpt.files import atomic_write, sha256_file
+from nanogpt.tokenizer import EOT_TOKEN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 SHARD_MAGIC = 20240520
@@ -142,3 +143,21 @@ def shard_shipped_text(data_dir, say):
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise UserError(f"cannot make {data_dir} from {SHIPPED_TEXT} ({last}); run `python fineweb.py --input "
                         f"{SHIPPED_TEXT} --output_dir {data_dir} --shard_size 1e5` to see why")
+
+
+# The shuffled loader's order (train_gpt2.ShuffledDataLoader)
+
+
+def document_starts(tokens, chunk=1 << 24):
+    """Where a shard's documents start: at each <|endoftext|>, and at 0 (tokens before the first
+    <|endoftext|> are a document too; a shard without one is one document). Read in chunks, so a
+    100M-token shard never becomes one big temporary array."""
+    found = [np.flatnonzero(np.asarray(tokens[i : i + chunk]) == EOT_TOKEN) + i for i in range(0, len(tokens), chunk)]
+    starts = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), *[f.astype(np.int64) for f in found]]))
+    return starts.astype(np.uint32) if len(tokens) < 2**32 else starts  # kept per shard: 4 bytes a document
+
+
+def shuffle_rng(seed, epoch, *keys):
+    """The generator of one epoch's order. keys tell the shard order ((0,)) from a shard's document
+    order ((1, shard)); seeds of different lengths never collide, as trailing zeros would."""
+    return np.random.default_rng([seed, epoch, *keys])

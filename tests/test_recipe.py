@@ -18,7 +18,7 @@ import train_gpt2
 from nanogpt.checkpoints import find_checkpoints
 from nanogpt import runtime
 from nanogpt.runtime import choose_compile
-from nanogpt.shards import read_shard, write_shard
+from nanogpt.shards import document_starts, read_shard, write_shard
 from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
@@ -95,9 +95,9 @@ def test_a_shard_without_end_of_text_is_one_document(tmp_path):
     document_shards(str(tmp_path), [16 * 3 + 1])
     plain = np.arange(1000, 1000 + 16 * 4 + 1)  # no 50256 at all, and tokens before any would be one document too
     write_shard(str(tmp_path / "doc_train_000002.bin"), plain)
-    assert list(train_gpt2.document_starts(plain)) == [0]
-    assert list(train_gpt2.document_starts(np.array([7, 8, EOT, 9, EOT]))) == [0, 2, 4]
-    assert list(train_gpt2.document_starts(np.array([EOT, 9, EOT, EOT]), chunk=3)) == [0, 2, 3]
+    assert list(document_starts(plain)) == [0]
+    assert list(document_starts(np.array([7, 8, EOT, 9, EOT]))) == [0, 2, 4]
+    assert list(document_starts(np.array([EOT, 9, EOT, EOT]), chunk=3)) == [0, 2, 3]
     loader = train_gpt2.ShuffledDataLoader(str(tmp_path), "train", 2, 8, seed=0)
     for _ in range(2 * 7):
         if loader.state_dict()["shard_name"] == "doc_train_000002.bin":
