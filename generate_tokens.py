@@ -35,8 +35,8 @@ from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
 from nanogpt.hf import check_export_dir, export_hf
 from nanogpt.runtime import autocast_context, pick_device, pick_dtype
-from nanogpt.tokenizer import EOT_TOKEN, decode_sample, format_sample, get_tokenizer, gpt2_bpe_files
-from train_gpt2 import SAMPLE_PROMPT, load_model
+from nanogpt.tokenizer import EOT_TOKEN, SAMPLE_PROMPT, decode_sample, format_sample, get_tokenizer, gpt2_bpe_files
+from train_gpt2 import load_model
 
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
 MIN_TEMPERATURE = 1e-6  # smaller is greedy in all but name, and far smaller overflows logits / temperature

@@ -25,17 +25,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import evaluate
-import hellaswag
 from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
                                  refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
 from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
+from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_by_trial,
                              fits_in_memory, largest_batch_size, trial_step)
+from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
+from nanogpt.loop_evals import sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
 from nanogpt.optimizers import groups_by_role, muon_with_adamw
 from nanogpt.run import Attempt, Run
@@ -45,7 +46,7 @@ from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context,
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
-from nanogpt.tokenizer import GPT2_VOCAB_SIZE, decode_sample, format_sample, get_tokenizer
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
 
 # -----------------------------------------------------------------------------
 # Model config
@@ -170,7 +171,6 @@ RECIPES = {
 }
 MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 BATCH_SIZE = 64  # --batch_size's default, the lecture's micro-batch (on a GPU the largest auto tries)
-SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 
 
 # -----------------------------------------------------------------------------
@@ -1022,7 +1022,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
     score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
-    score_core = (evaluate.scorer_for_training(args.core_bundle, args.core_max_per_task, ddp, rank, world_size, device, fsdp)
+    score_core = (scorer_for_training(args.core_bundle, args.core_max_per_task, ddp, rank, world_size, device, fsdp)
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
@@ -1067,38 +1067,6 @@ def adamw_rates(args):
     return rates if any(rate is not None for rate in rates.values()) else None
 
 
-@torch.no_grad()
-def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
-    """Mean loss over the first `steps` batches of the val split (the same ones every time)."""
-    model.eval()
-    loader.reset()
-    total = torch.zeros((), device=device)
-    for _ in range(steps):
-        x, y = loader.next_batch()
-        with autocast:
-            _, loss = model(x.to(device), y.to(device))
-        total += loss.detach().float() / steps
-    return all_reduce_mean(total, ddp, world_size).item()
-
-
-def hellaswag_scorer(args, rank, world_size, device, fsdp):
-    """The in-loop HellaSwag: a function scoring a model on this rank's share of the examples (under
-    --fsdp every rank scores every example: each forward needs all ranks); None when there are none."""
-    examples = hellaswag.examples_for_training(args.hellaswag_data, args.hellaswag_limit, rank, world_size, device,
-                                               asked="hellaswag_every" in args.explicit)
-    if not examples:
-        return None
-    tokenizer, share_rank, shares = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
-    return lambda model: hellaswag.evaluate(model, examples, tokenizer, device, rank=share_rank, world_size=shares)
-
-
-def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length=32):
-    """The loop's samples: continuations of SAMPLE_PROMPT, as in build-nanogpt."""
-    prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)] * num_samples, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with autocast:
-        out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
-    return [format_sample(i, num_samples, decode_sample(tokenizer, row)) for i, row in enumerate(out.tolist())]
 
 
 # -----------------------------------------------------------------------------

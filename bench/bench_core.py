@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import evaluate  # noqa: E402
+from nanogpt import core_eval  # noqa: E402
 from train_gpt2 import MODEL_PRESETS, GPT, GPTConfig, autocast_context, get_tokenizer, pick_device  # noqa: E402
 
 # label, icl_task_type, shots, delimiter, random baseline (%), words of the query or context, choices (multiple
@@ -107,12 +107,12 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         write_synthetic_bundle(folder, max(args.max_per_task, 11))
         t0 = time.time()
-        tasks = evaluate.load_tasks(folder, args.tasks.split(",") if args.tasks else None, args.max_per_task)
+        tasks = core_eval.load_tasks(folder, args.tasks.split(",") if args.tasks else None, args.max_per_task)
         enc = get_tokenizer()
-        rendered = [evaluate.render_examples(t, enc, range(len(t.examples))) for t in tasks]
+        rendered = [core_eval.render_examples(t, enc, range(len(t.examples))) for t in tasks]
         prepared = time.time() - t0
         with autocast_context(device.split(":")[0], args.dtype):
-            result = evaluate.evaluate(model, tasks, enc, device, batch_size=args.batch_size, rendered=rendered)
+            result = core_eval.evaluate(model, tasks, enc, device, batch_size=args.batch_size, rendered=rendered)
     print(f"{args.model} (context {block_size}) | {device} {args.dtype} | torch threads {torch.get_num_threads()} | "
           f"--max_per_task {args.max_per_task} | reading and tokenizing {prepared:.1f} s")
     print(f"{'task':<34} {'shots':>5} {'rows':>5} {'tokens':>7} {'seconds':>8}")

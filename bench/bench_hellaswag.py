@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import hellaswag  # noqa: E402
+from nanogpt import hellaswag_eval  # noqa: E402
 from train_gpt2 import MODEL_PRESETS, GPT, GPTConfig, autocast_context, get_tokenizer, pick_device  # noqa: E402
 
 WORDS = ("the a man woman person dog child group people is are was then now he she they it his her their "
@@ -55,10 +55,10 @@ def main():
         model = torch.compile(model)
     enc = get_tokenizer()
     examples = synthetic_examples(args.limit)
-    rendered = [hellaswag.render(ex, enc) for ex in examples]
+    rendered = [hellaswag_eval.render(ex, enc) for ex in examples]
     t0 = time.time()
     for ex in examples:
-        hellaswag.render(ex, enc)
+        hellaswag_eval.render(ex, enc)
     render_s = time.time() - t0
     tokens = sum(len(c) + len(e) for c, ends, _ in rendered for e in ends)
     print(f"{args.model} | device {device} | dtype {args.dtype} | compile {args.compile} | {len(examples)} examples | "
@@ -70,7 +70,7 @@ def main():
         for p in range(passes):
             t0, c0 = time.time(), time.process_time()
             with autocast_context(device_type, args.dtype):
-                sums, _ = hellaswag.score(model, rendered, device, bs, pad)
+                sums, _ = hellaswag_eval.score(model, rendered, device, bs, pad)
             if device_type == "cuda":
                 torch.cuda.synchronize()
             dt, cpu = time.time() - t0, time.process_time() - c0

@@ -18,8 +18,11 @@ The plumbing of train_gpt2.py and its sibling scripts, a module per concern (doc
     sharding         ZeRO-1 and FSDP2, and gathering their state into one checkpoint
     runtime          device, precision, torch.compile, signals, the ranks' agreement
     arguments        checks of train_gpt2.py's and fineweb.py's arguments before any work
-    evaluation       what hellaswag.py and evaluate.py share: data downloaded once, read by line, shared from
-                     rank 0; rows scored in padded batches (summed loss, greedy match)
+    evaluation       what HellaSwag and CORE share: data downloaded once, read by line, shared from rank 0;
+                     rows scored in padded batches (summed loss, greedy match); their command lines' run
+    hellaswag_eval   HellaSwag: the val split, rendering, batched scoring; the training loop's (hellaswag.py's CLI)
+    core_eval        CORE: DCLM's eval bundle, nanochat's rendering, scoring; the loop's --core_every (evaluate.py)
+    loop_evals       the training loop's validation loss and samples
     runlog           log.txt, the log folder's lock, TensorBoard/W&B, the step and summary lines
     run              the training loop's bookkeeping: logging, checkpoints and agreement at their cadence
 

@@ -1,7 +1,8 @@
 """
-What the evaluations (hellaswag.py's HellaSwag, evaluate.py's CORE) share: their data downloaded once,
-read line by line with errors naming the line, handed from rank 0 to the others under torchrun;
-continuations scored many rows per forward pass; and the run of their command line around it.
+What the evaluations (HellaSwag's nanogpt/hellaswag_eval.py, CORE's nanogpt/core_eval.py) share: their data
+downloaded once, read line by line with errors naming the line, handed from rank 0 to the others under
+torchrun; continuations scored many rows per forward pass; and the run of their command lines (hellaswag.py,
+evaluate.py) around it.
 """
 
 import codecs

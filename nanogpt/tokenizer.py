@@ -12,6 +12,7 @@ from nanogpt.cli import UserError
 
 GPT2_VOCAB_SIZE = 50257  # tokens the GPT-2 tokenizer can produce
 EOT_TOKEN = 50256  # <|endoftext|>: starts every document
+SAMPLE_PROMPT = "Hello, I'm a language model,"  # the lecture's prompt, for samples in the loop and generate_tokens.py
 # sha256 of OpenAI's GPT-2 BPE files, the hashes tiktoken itself checks after downloading them
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 

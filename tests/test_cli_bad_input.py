@@ -17,6 +17,7 @@ import generate_tokens
 import hellaswag
 import plot_log
 from conftest import assert_one_line_error, run_script
+from nanogpt import hellaswag_eval
 from nanogpt.cli import UserError
 from train_gpt2 import GPT, GPTConfig
 
@@ -192,7 +193,8 @@ def init_from_cases(f):
 
 def test_hellaswag_bad_input_table(files, capsys, monkeypatch):
     f = files
-    monkeypatch.setattr(hellaswag, "DATA_URL", "http://127.0.0.1:9/hellaswag_{split}.jsonl")  # offline: no download
+    # offline: no download
+    monkeypatch.setattr(hellaswag_eval, "DATA_URL", "http://127.0.0.1:9/hellaswag_{split}.jsonl")
     good = ["--checkpoint", f["good"], "--data", f["data"], "--device", "cpu"]
 
     def with_flag(flag, value, base=good):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import evaluate
 import train_gpt2
+from nanogpt import core_eval
 from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import (TINY_FLAGS, assert_cli_error, assert_one_line_error, assert_refused_before_any_work,
                       descriptor_link, fifo_with_reader, make_shards, read_log, run_script, safe_char_device,
@@ -281,7 +282,7 @@ def counts_of(result):
 def test_the_data_can_tell_right_from_wrong(ref):
     """Every task type, few-shot counts above 0, and in every task answers right and wrong: a rule flipped
     or broken changes some count."""
-    assert {kind for _, kind, _, _, _, _, _ in TASKS} == set(evaluate.TASK_TYPES)
+    assert {kind for _, kind, _, _, _, _, _ in TASKS} == set(core_eval.TASK_TYPES)
     assert any(shots not in (0, [0]) for _, kind, shots, _, _, _, _ in TASKS if kind == "multiple_choice")
     assert any(shots not in (0, [0]) for _, kind, shots, _, _, _, _ in TASKS if kind == "language_modeling")
     for label, (correct, total) in ref.items():
@@ -311,10 +312,10 @@ def test_accuracies_match_the_reference(hf_dir, bundle, ref, tmp_path, capsys):
 def test_batched_one_at_a_time_and_padded_vocab_agree(hf_dir, bundle, ref):
     """Any batch size and padding gives the reference's counts; a 50304-row vocabulary (ours) scores over the
     50257 real tokens, its padded rows' huge logits never counted nor predicted."""
-    tasks, enc = evaluate.load_tasks(bundle), get_tokenizer()
+    tasks, enc = core_eval.load_tasks(bundle), get_tokenizer()
     model = train_gpt2.load_model(init_from=hf_dir)
     for batch_size, pad in ((1, 1), (5, 32), (64, 1)):
-        assert counts_of(evaluate.evaluate(model, tasks, enc, "cpu", batch_size=batch_size, pad_multiple=pad)) == ref
+        assert counts_of(core_eval.evaluate(model, tasks, enc, "cpu", batch_size=batch_size, pad_multiple=pad)) == ref
     cfg = model.config
     padded = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=cfg.block_size, vocab_size=50304, n_layer=cfg.n_layer,
                                                  n_head=cfg.n_head, n_embd=cfg.n_embd))
@@ -322,7 +323,7 @@ def test_batched_one_at_a_time_and_padded_vocab_agree(hf_dir, bundle, ref):
     for k in ("transformer.wte.weight", "lm_head.weight"):
         state[k] = torch.cat([state[k], 5.0 * torch.randn(50304 - 50257, cfg.n_embd)])
     padded.load_state_dict(state)
-    assert counts_of(evaluate.evaluate(padded.eval(), tasks, enc, "cpu")) == ref
+    assert counts_of(core_eval.evaluate(padded.eval(), tasks, enc, "cpu")) == ref
 
 
 def test_rows_longer_than_the_context_are_cut_from_the_left(hf_dir, hf64, bundle, examples):
@@ -332,12 +333,12 @@ def test_rows_longer_than_the_context_are_cut_from_the_left(hf_dir, hf64, bundle
     assert all(any(cropped for _, _, cropped in results[label]) for label in ("arc_like", "winograd_like", "squad_like"))
     want = {label: (sum(r for r, _, _ in rows), len(rows)) for label, rows in results.items()}
     assert want != ref_counts(hf64, examples)  # the cut changes answers: cutting elsewhere would show
-    assert counts_of(evaluate.evaluate(model, evaluate.load_tasks(bundle), get_tokenizer(), "cpu")) == want
+    assert counts_of(core_eval.evaluate(model, core_eval.load_tasks(bundle), get_tokenizer(), "cpu")) == want
 
 
 def test_max_per_task_keeps_the_first_of_the_shuffled_examples(hf_dir, hf64, bundle, examples, capsys):
     labels = ["arc_like", "squad_like"]
-    tasks = evaluate.load_tasks(bundle, labels, 7)
+    tasks = core_eval.load_tasks(bundle, labels, 7)
     assert [t.examples for t in tasks] == [ref_shuffled(examples[label], 7) for label in labels]
     result = evaluate.main(["--init_from", hf_dir, "--eval_bundle", bundle, "--device", "cpu", "--tasks", ",".join(labels),
                             "--max_per_task", "7"])
@@ -351,33 +352,33 @@ def test_max_per_task_keeps_the_first_of_the_shuffled_examples(hf_dir, hf64, bun
 def test_a_zip_and_the_download_read_as_the_folder(bundle, tmp_path, monkeypatch):
     """The published zip holds an eval_bundle/ folder; one of the files at its root reads too. The default
     bundle is downloaded once (a file:// URL here) and kept; offline, one line and no file left behind."""
-    want = evaluate.load_tasks(bundle)
+    want = core_eval.load_tasks(bundle)
     published = str(tmp_path / "eval_bundle.zip")
     shutil.make_archive(published[:-4], "zip", os.path.dirname(bundle), "eval_bundle")
     flat = str(tmp_path / "flat.zip")
     shutil.make_archive(flat[:-4], "zip", bundle)
     assert "eval_bundle/core.yaml" in zipfile.ZipFile(published).namelist()
     for path in (published, flat, os.path.dirname(bundle)):  # a folder holding the unzipped eval_bundle/ too
-        assert [(t.label, t.examples, t.baseline) for t in evaluate.load_tasks(path)] == \
+        assert [(t.label, t.examples, t.baseline) for t in core_eval.load_tasks(path)] == \
                [(t.label, t.examples, t.baseline) for t in want]
     damaged = tmp_path / "damaged.zip"  # a byte changed inside a task's compressed examples: its CRC fails
     data = bytearray(open(published, "rb").read())
     at = data.index(b"squad_like.jsonl") + 200
     data[at] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    with pytest.raises(evaluate.UserError, match=re.escape(f"cannot read {damaged}/eval_bundle/eval_data/")):
-        evaluate.load_tasks(str(damaged))
+    with pytest.raises(core_eval.UserError, match=re.escape(f"cannot read {damaged}/eval_bundle/eval_data/")):
+        core_eval.load_tasks(str(damaged))
     cache = tmp_path / "cache" / "eval_bundle.zip"
-    monkeypatch.setattr(evaluate, "DEFAULT_BUNDLE", str(cache))
-    monkeypatch.setattr(evaluate, "BUNDLE_URL", "http://127.0.0.1:9/eval_bundle.zip")
-    with pytest.raises(evaluate.UserError, match="cannot download http://127.0.0.1:9/eval_bundle.zip .*--eval_bundle"):
-        evaluate.load_tasks()
+    monkeypatch.setattr(core_eval, "DEFAULT_BUNDLE", str(cache))
+    monkeypatch.setattr(core_eval, "BUNDLE_URL", "http://127.0.0.1:9/eval_bundle.zip")
+    with pytest.raises(core_eval.UserError, match="cannot download http://127.0.0.1:9/eval_bundle.zip .*--eval_bundle"):
+        core_eval.load_tasks()
     assert os.listdir(cache.parent) == []
-    monkeypatch.setattr(evaluate, "BUNDLE_URL", (tmp_path / "eval_bundle.zip").as_uri())
-    assert [t.examples for t in evaluate.load_tasks()] == [t.examples for t in want]
+    monkeypatch.setattr(core_eval, "BUNDLE_URL", (tmp_path / "eval_bundle.zip").as_uri())
+    assert [t.examples for t in core_eval.load_tasks()] == [t.examples for t in want]
     assert cache.read_bytes() == open(published, "rb").read()
     os.remove(published)  # read from the cache from now on
-    assert [t.examples for t in evaluate.load_tasks()] == [t.examples for t in want]
+    assert [t.examples for t in core_eval.load_tasks()] == [t.examples for t in want]
 
 
 # -----------------------------------------------------------------------------
@@ -452,8 +453,8 @@ BREAKS = ["no core.yaml", "task file missing", "bad JSON", "gold out of range", 
 def test_a_malformed_bundle_is_one_line_naming_file_and_line(bundle, tmp_path, how):
     broken = shutil.copytree(bundle, tmp_path / "eval_bundle")
     pattern = break_bundle(how, str(broken))
-    with pytest.raises(evaluate.UserError, match=pattern) as e:
-        evaluate.load_tasks(str(broken))
+    with pytest.raises(core_eval.UserError, match=pattern) as e:
+        core_eval.load_tasks(str(broken))
     assert "\n" not in str(e.value)
 
 
@@ -570,9 +571,9 @@ def test_a_dataset_uri_outside_the_bundle_is_refused(tmp_path, where):
     uri = "../../elsewhere.jsonl" if where == "up" else str(outside)
     assert os.path.isfile(os.path.join(bundle, "eval_data", uri))  # where it would lead
     replace_line(os.path.join(bundle, "core.yaml"), 3, f"  dataset_uri: {uri}")
-    with pytest.raises(evaluate.UserError, match=file_line(os.path.join(bundle, "core.yaml"), 2) + re.escape(
+    with pytest.raises(core_eval.UserError, match=file_line(os.path.join(bundle, "core.yaml"), 2) + re.escape(
             f"task 'copa_like' has dataset_uri '{uri}', which points outside the bundle's eval_data/")) as e:
-        evaluate.load_tasks(bundle)
+        core_eval.load_tasks(bundle)
     assert "\n" not in str(e.value)
 
 
@@ -602,9 +603,9 @@ def test_a_file_that_inflates_to_a_gibibyte_is_refused_unread(tmp_path, form):
         path = named = os.path.join(bundle, "eval_data", "reading", "squad_like.jsonl")
         os.truncate(path, gib)
         path = bundle
-    with pytest.raises(evaluate.UserError, match=re.escape(f"{named} is 1,073,741,824 bytes (uncompressed); a file of "
+    with pytest.raises(core_eval.UserError, match=re.escape(f"{named} is 1,073,741,824 bytes (uncompressed); a file of "
                                                            "the eval bundle may be at most 256 MiB")) as e:
-        evaluate.load_tasks(path, ["squad_like"])
+        core_eval.load_tasks(path, ["squad_like"])
     assert "\n" not in str(e.value)
 
 
@@ -614,8 +615,8 @@ def test_an_empty_task_file_says_it_has_no_examples(tmp_path, text):
     path = task_file(bundle, "copa_like")  # a 0-shot task
     with open(path, "w") as f:
         f.write(text)
-    with pytest.raises(evaluate.UserError, match=re.escape(f"{path} has no examples (task 'copa_like')")) as e:
-        evaluate.load_tasks(bundle)
+    with pytest.raises(core_eval.UserError, match=re.escape(f"{path} has no examples (task 'copa_like')")) as e:
+        core_eval.load_tasks(bundle)
     assert "\n" not in str(e.value) and "too few" not in str(e.value)
 
 
@@ -649,10 +650,10 @@ def test_options_of_one_text_pick_the_first_whatever_rounding_says(monkeypatch):
     def scores(model, rows, R, T, device, n_vocab):  # each row a hair lower than the one before: rounding's worst
         return torch.tensor([1.0 - 1e-6 * r for r in range(len(rows))]), torch.zeros(len(rows), dtype=torch.bool)
 
-    monkeypatch.setattr(evaluate, "score_rows", scores)
+    monkeypatch.setattr(core_eval, "score_rows", scores)
     same, other = np.array([EOT_TOKEN, 5, 6, 7]), np.array([EOT_TOKEN, 8, 6, 7])
     rendered = [([(same, 2), (same, 2), (same, 2)], 0), ([(same, 2), (other, 2)], 1)]
-    assert evaluate.score_examples(None, "schema", rendered, "cpu", 8, 1, 16, 50257) == [True, True]
+    assert core_eval.score_examples(None, "schema", rendered, "cpu", 8, 1, 16, 50257) == [True, True]
 
 
 # -----------------------------------------------------------------------------

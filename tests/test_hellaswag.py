@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import hellaswag
 import train_gpt2
+from nanogpt import hellaswag_eval
 from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import (TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, save_random_hf_gpt2,
                       write_hellaswag)
@@ -92,12 +93,12 @@ def reference_losses(hf_dir, examples, block_size=None, style="nanogpt", dtype=t
 
 @pytest.fixture(scope="module")
 def ref(hf_dir, data):
-    return reference_losses(hf_dir, hellaswag.load_examples(data))
+    return reference_losses(hf_dir, hellaswag_eval.load_examples(data))
 
 
 def fp32_tolerance(hf_dir, examples, ref64, **kw):
     """How far a float32 scorer's summed losses may be from float64's: 4x the largest error of the
-    float32 reference (the same sums, one row at a time) on these examples. hellaswag.score does the
+    float32 reference (the same sums, one row at a time) on these examples. hellaswag_eval.score does the
     same float32 operations in batches, so in another order: errors of the same size, not identical
     (4x: margin for that)."""
     ref32 = reference_losses(hf_dir, examples, dtype=torch.float32, **kw)
@@ -108,7 +109,7 @@ def fp32_tolerance(hf_dir, examples, ref64, **kw):
 
 @pytest.fixture(scope="module")
 def tol(hf_dir, data, ref):
-    return fp32_tolerance(hf_dir, hellaswag.load_examples(data), ref)
+    return fp32_tolerance(hf_dir, hellaswag_eval.load_examples(data), ref)
 
 
 def assert_clear_winners(ref, tol):
@@ -128,13 +129,14 @@ def reference_counts(examples, ref):
 
 
 def test_scores_match_hf_reference_batched_and_one_at_a_time(hf_dir, data, ref, tol):
-    examples = hellaswag.load_examples(data)
+    examples = hellaswag_eval.load_examples(data)
     assert len(examples) == 20
     model = train_gpt2.load_model(init_from=hf_dir)
     enc = train_gpt2.get_tokenizer()
-    rendered = [hellaswag.render(ex, enc) for ex in examples]
-    one, counts = hellaswag.score(model, rendered, "cpu", batch_size=1, pad_multiple=1)
-    batched, _ = hellaswag.score(model, rendered, "cpu", batch_size=7, pad_multiple=32)  # 3 batches, the last one short
+    rendered = [hellaswag_eval.render(ex, enc) for ex in examples]
+    one, counts = hellaswag_eval.score(model, rendered, "cpu", batch_size=1, pad_multiple=1)
+    # 3 batches, the last one short
+    batched, _ = hellaswag_eval.score(model, rendered, "cpu", batch_size=7, pad_multiple=32)
     want = torch.tensor([[s for s, _, _ in r] for r in ref], dtype=torch.float64)
     for sums in (one, batched):
         assert sums.shape == want.shape and (sums.double() - want).abs().max().item() <= tol
@@ -147,7 +149,7 @@ def test_scores_match_hf_reference_batched_and_one_at_a_time(hf_dir, data, ref, 
         assert torch.equal((sums / norms).argmin(1), (want / norms).argmin(1))
     # evaluate's counts
     acc, acc_norm = reference_counts(examples, ref)
-    result = hellaswag.evaluate(model, examples, enc, "cpu", batch_size=64)  # more than the 20 examples: one batch
+    result = hellaswag_eval.evaluate(model, examples, enc, "cpu", batch_size=64)  # more than the 20 examples: one batch
     assert (result["correct"], result["correct_norm"], result["total"]) == (acc, acc_norm, 20)
     assert result["acc"] == acc / 20 and result["acc_norm"] == acc_norm / 20
 
@@ -155,43 +157,43 @@ def test_scores_match_hf_reference_batched_and_one_at_a_time(hf_dir, data, ref, 
 def test_sum_and_mean_pick_differently_somewhere(hf_dir, data, ref):
     """acc (min sum) and acc_norm (min mean) are different rules: the data must tell them apart, or
     a swap of the two would go unnoticed."""
-    examples = hellaswag.load_examples(data)
+    examples = hellaswag_eval.load_examples(data)
     picks_sum = [min(range(4), key=lambda j: r[j][0]) for r in ref]
     picks_mean = [min(range(4), key=lambda j: r[j][0] / r[j][1]) for r in ref]
     assert picks_sum != picks_mean
     model = train_gpt2.load_model(init_from=hf_dir)
     enc = train_gpt2.get_tokenizer()
-    sums, counts = hellaswag.score(model, [hellaswag.render(ex, enc) for ex in examples], "cpu", batch_size=8)
+    sums, counts = hellaswag_eval.score(model, [hellaswag_eval.render(ex, enc) for ex in examples], "cpu", batch_size=8)
     assert sums.argmin(1).tolist() == picks_sum
     assert (sums / counts).argmin(1).tolist() == picks_mean
 
 
 def test_harness_style_matches_reference(hf_dir, data):
-    examples = hellaswag.load_examples(data)[:12]
+    examples = hellaswag_eval.load_examples(data)[:12]
     ref = reference_losses(hf_dir, examples, style="harness")
     assert_clear_winners(ref, fp32_tolerance(hf_dir, examples, ref, style="harness"))
     model = train_gpt2.load_model(init_from=hf_dir)
-    result = hellaswag.evaluate(model, examples, train_gpt2.get_tokenizer(), "cpu", batch_size=6, style="harness")
+    result = hellaswag_eval.evaluate(model, examples, train_gpt2.get_tokenizer(), "cpu", batch_size=6, style="harness")
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)
-    assert hellaswag.harness_preprocess("  A man [title] Cut it. [step] Then  go ") == "A man. Cut it. Then go"
+    assert hellaswag_eval.harness_preprocess("  A man [title] Cut it. [step] Then  go ") == "A man. Cut it. Then go"
 
 
 def test_rows_longer_than_the_context_keep_their_end(hf_dir, tmp_path):
     """A model with a short context (a tiny training run's) still scores: each row keeps its last
     block_size tokens, which the reference does the same way."""
-    examples = hellaswag.load_examples(write_jsonl(tmp_path / "long.jsonl", n=6, seed=1, ctx_words=(20, 40), end_words=(5, 30)))
+    examples = hellaswag_eval.load_examples(write_jsonl(tmp_path / "long.jsonl", n=6, seed=1, ctx_words=(20, 40), end_words=(5, 30)))
     model = train_gpt2.load_model(init_from=hf_dir)
     model.config.block_size = 24  # wpe has 128 rows; the first 24 are the same model's
     ref = reference_losses(hf_dir, examples, block_size=24)
     tol = fp32_tolerance(hf_dir, examples, ref, block_size=24)
     enc = train_gpt2.get_tokenizer()
-    rendered = [hellaswag.render(ex, enc) for ex in examples]
+    rendered = [hellaswag_eval.render(ex, enc) for ex in examples]
     assert max(len(c) + len(e) for c, ends, _ in rendered for e in ends) > 24
-    sums, counts = hellaswag.score(model, rendered, "cpu", batch_size=4, pad_multiple=32)  # 32 > 24: capped at the context
+    sums, counts = hellaswag_eval.score(model, rendered, "cpu", batch_size=4, pad_multiple=32)  # 32 > 24: capped at the context
     assert (sums.double() - torch.tensor([[s for s, _, _ in r] for r in ref], dtype=torch.float64)).abs().max() <= tol
     assert counts.tolist() == [[float(n) for _, n, _ in r] for r in ref]
     assert any(n < len(e) for (_, ends, _), r in zip(rendered, ref) for e, (_, n, _) in zip(ends, r))  # some ending was cut
-    result = hellaswag.evaluate(model, examples, enc, "cpu", batch_size=4)
+    result = hellaswag_eval.evaluate(model, examples, enc, "cpu", batch_size=4)
     assert_clear_winners(ref, tol)
     assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)
 
@@ -200,12 +202,12 @@ def test_a_context_of_one_token_is_refused(data):
     """A row cut to one token scores no ending token: the four sums would tie at 0 and the pick be ending 0."""
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=1, n_layer=1, n_head=1, n_embd=8))
     with pytest.raises(train_gpt2.UserError, match="context of 1 token"):
-        hellaswag.evaluate(model, hellaswag.load_examples(data)[:4], get_tokenizer(), "cpu")
+        hellaswag_eval.evaluate(model, hellaswag_eval.load_examples(data)[:4], get_tokenizer(), "cpu")
 
 
 def test_padded_vocab_is_ignored(hf_dir, data, ref, tol):
     """A 50304-vocab model (ours) scores over the 50257 real tokens: padding rows with huge logits change nothing."""
-    examples = hellaswag.load_examples(data)[:8]
+    examples = hellaswag_eval.load_examples(data)[:8]
     model = train_gpt2.load_model(init_from=hf_dir)
     cfg = model.config
     padded = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=cfg.block_size, vocab_size=50304, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd))
@@ -215,14 +217,14 @@ def test_padded_vocab_is_ignored(hf_dir, data, ref, tol):
     padded.load_state_dict(sd)
     padded.eval()
     enc = train_gpt2.get_tokenizer()
-    rendered = [hellaswag.render(ex, enc) for ex in examples]
+    rendered = [hellaswag_eval.render(ex, enc) for ex in examples]
     want = torch.tensor([[s for s, _, _ in r] for r in ref[:8]], dtype=torch.float64)
     for m, n_vocab in ((padded, enc.n_vocab), (model, None)):  # each as close to the reference as fp32 allows
-        assert (hellaswag.score(m, rendered, "cpu", 4, n_vocab=n_vocab)[0].double() - want).abs().max() <= tol
+        assert (hellaswag_eval.score(m, rendered, "cpu", 4, n_vocab=n_vocab)[0].double() - want).abs().max() <= tol
 
 
 def test_cli_init_from_hf_dir(hf_dir, data, ref):
-    examples = hellaswag.load_examples(data)
+    examples = hellaswag_eval.load_examples(data)
     acc, acc_norm = reference_counts(examples, ref)
     r = run_script(["hellaswag.py", "--init_from", hf_dir, "--data", data, "--device", "cpu", "--batch_size", "5"])
     assert r.returncode == 0, r.stderr
@@ -243,7 +245,7 @@ def test_ddp_two_processes_give_the_same_counts(hf_dir, data, ref):
                     "--data", data, "--device", "cpu", "--batch_size", "3", "--limit", "19"], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "world size 2" in r.stdout
-    acc, acc_norm = reference_counts(hellaswag.load_examples(data)[:19], ref[:19])  # what one process gets (tests above)
+    acc, acc_norm = reference_counts(hellaswag_eval.load_examples(data)[:19], ref[:19])  # what one process gets (tests above)
     want = f"acc {acc / 19:.4f} ({acc}/19) | acc_norm {acc_norm / 19:.4f} ({acc_norm}/19)"
     assert want in r.stdout, (want, r.stdout)
     assert r.stdout.count("acc_norm") == 1
@@ -279,7 +281,7 @@ def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
     enc = get_tokenizer()
     example = {"ctx": "He said <|endoftext|> and", "ctx_a": "He said <|endoftext|>", "ctx_b": "and",
                "activity_label": "Talking", "endings": ["left.", "<|endoftext|> stayed.", "ran.", "sat."], "label": 1}
-    ctx, endings, _ = hellaswag.render(example, enc, style)
+    ctx, endings, _ = hellaswag_eval.render(example, enc, style)
     assert EOT_TOKEN not in ctx and all(EOT_TOKEN not in e for e in endings)
     assert "<|endoftext|>" in enc.decode(ctx) and enc.decode(endings[1]).strip() == "<|endoftext|> stayed."
     data = tmp_path / "hs.jsonl"
@@ -301,7 +303,7 @@ def test_malformed_line_names_file_and_line(tmp_path, line, needle):
     with open(path, "w") as f:
         f.write(good + "\n\n" + good + "\n" + line + "\n")
     with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:4: ") + ".*" + re.escape(needle)):
-        hellaswag.load_examples(path)
+        hellaswag_eval.load_examples(path)
 
 
 @pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
@@ -313,7 +315,7 @@ def test_text_that_is_not_utf8_names_its_line(tmp_path, newline):
         latin1 = '{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}'.encode("latin-1")
         f.write((good + newline) * 100 + latin1 + newline + (good + newline) * 300)
     with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:101: not UTF-8 text")):
-        hellaswag.load_examples(path)
+        hellaswag_eval.load_examples(path)
 
 
 def test_a_byte_order_mark_starts_a_file_only(tmp_path, data):
@@ -323,13 +325,13 @@ def test_a_byte_order_mark_starts_a_file_only(tmp_path, data):
     path = str(tmp_path / "bom.jsonl")
     with open(path, "wb") as f:
         f.write(b"\xef\xbb\xbf" + body)
-    assert hellaswag.load_examples(path) == [dict(ex, where=ex["where"].replace(data, path))
-                                             for ex in hellaswag.load_examples(data)]
+    assert hellaswag_eval.load_examples(path) == [dict(ex, where=ex["where"].replace(data, path))
+                                                  for ex in hellaswag_eval.load_examples(data)]
     lines = body.splitlines(keepends=True)
     with open(path, "wb") as f:
         f.write(lines[0] + b"\xef\xbb\xbf" + lines[1])
     with pytest.raises(train_gpt2.UserError, match=re.escape(f"{path}:2: not valid JSON")):
-        hellaswag.load_examples(path)
+        hellaswag_eval.load_examples(path)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
@@ -346,9 +348,9 @@ def test_data_from_a_pipe(tmp_path, data):
 
     writer = threading.Thread(target=feed, daemon=True)  # daemon: left blocked if the pipe is never read
     writer.start()
-    examples = hellaswag.load_examples(fifo)
+    examples = hellaswag_eval.load_examples(fifo)
     writer.join()
-    assert examples == [dict(ex, where=ex["where"].replace(data, fifo)) for ex in hellaswag.load_examples(data)]
+    assert examples == [dict(ex, where=ex["where"].replace(data, fifo)) for ex in hellaswag_eval.load_examples(data)]
 
 
 def test_cli_errors(tmp_path, hf_dir, data):
@@ -371,10 +373,10 @@ def test_cli_errors(tmp_path, hf_dir, data):
 
 def test_offline_download_is_a_user_error(tmp_path, monkeypatch):
     """No network: a clear UserError (the training loop turns it into 'HellaSwag is off'), no partial file."""
-    monkeypatch.setattr(hellaswag, "DATA_URL", "http://127.0.0.1:9/hellaswag_{split}.jsonl")
+    monkeypatch.setattr(hellaswag_eval, "DATA_URL", "http://127.0.0.1:9/hellaswag_{split}.jsonl")
     cache = str(tmp_path / "cache")
     with pytest.raises(train_gpt2.UserError, match="--data"):
-        hellaswag.load_examples(None, cache_dir=cache)
+        hellaswag_eval.load_examples(None, cache_dir=cache)
     assert os.listdir(cache) == []
 
 
@@ -384,11 +386,11 @@ def test_download_writes_the_file_whole_and_leaves_other_files_alone(tmp_path, m
     source = tmp_path / "served" / "hellaswag_val.jsonl"
     source.parent.mkdir()
     write_hellaswag(str(source), n=5)
-    monkeypatch.setattr(hellaswag, "DATA_URL", (tmp_path / "served").as_uri() + "/hellaswag_{split}.jsonl")
+    monkeypatch.setattr(hellaswag_eval, "DATA_URL", (tmp_path / "served").as_uri() + "/hellaswag_{split}.jsonl")
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "hellaswag_val.jsonl.tmp").write_text("theirs")
-    examples = hellaswag.load_examples(None, cache_dir=str(cache))
+    examples = hellaswag_eval.load_examples(None, cache_dir=str(cache))
     assert len(examples) == 5 and (cache / "hellaswag_val.jsonl").read_bytes() == source.read_bytes()
     assert sorted(os.listdir(cache)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.tmp"]
     assert (cache / "hellaswag_val.jsonl.tmp").read_text() == "theirs"

@@ -1,6 +1,7 @@
 """How the code is laid out (docs/layout.md): imports point one way (scripts -> train_gpt2 -> nanogpt),
-no module imports at module level one that imports it back, fineweb.py loads no torch, hellaswag.py does
-not import train_gpt2 until its command line runs, and `python train_gpt2.py` executes its source once.
+no module imports at module level one that imports it back, importing train_gpt2 imports no script, no
+function imports a script (to break a circle), fineweb.py loads no torch, and `python train_gpt2.py` executes
+its source once.
 
     python -m pytest -q tests/test_layout.py
 """
@@ -38,6 +39,19 @@ def top_level_imports(path, known):
     return found & set(known)
 
 
+def imports_in_functions(path):
+    """(function, module) of every import inside a function body of a file."""
+    found = []
+    for function in ast.walk(ast.parse(open(path).read())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    found.extend((function.name, alias.name) for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    found.append((function.name, node.module))
+    return found
+
+
 def test_imports_point_one_way_and_never_in_a_circle():
     modules = project_modules()
     graph = {name: top_level_imports(path, modules) for name, path in modules.items()}
@@ -45,9 +59,11 @@ def test_imports_point_one_way_and_never_in_a_circle():
         if name.startswith("nanogpt."):
             assert not imported & set(SCRIPTS), (name, imported)  # the package imports no script
     assert not graph["fineweb"] & {"train_gpt2", "hellaswag", "evaluate", "generate_tokens"}
-    for script in ("hellaswag", "evaluate"):
-        assert not graph[script] & {"train_gpt2"}  # it imports train_gpt2 inside main() only
-    assert graph["train_gpt2"] >= {"hellaswag", "evaluate"}  # the training loop's HellaSwag and CORE, at the top
+    # command lines over the package's scoring and train_gpt2's load_model, imported at their top
+    for script, scoring in (("hellaswag", "nanogpt.hellaswag_eval"), ("evaluate", "nanogpt.core_eval")):
+        assert {"train_gpt2", scoring} <= graph[script], (script, graph[script])
+    assert not graph["train_gpt2"] & set(SCRIPTS)  # the loop's HellaSwag and CORE are the package's
+    assert graph["train_gpt2"] >= {"nanogpt.hellaswag_eval", "nanogpt.core_eval", "nanogpt.loop_evals"}
 
     def reaches(start, goal, seen=()):
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph[start])
@@ -56,16 +72,27 @@ def test_imports_point_one_way_and_never_in_a_circle():
     assert not circles, circles
 
 
+def test_no_function_imports_a_script():
+    """An import inside a function is how a circle is hidden: no function of a script or of the package imports
+    a script (train_gpt2 included); with the module-level imports above, the package imports none anywhere."""
+    for name, path in project_modules().items():
+        in_functions = [(function, module) for function, module in imports_in_functions(path)
+                        if module.split(".")[0] in SCRIPTS]
+        assert not in_functions, (name, in_functions)
+
+
 def run_python(code, *args):
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                           capture_output=True, text=True, timeout=300)
 
 
-def test_fineweb_loads_no_torch_and_hellaswag_and_evaluate_no_train_gpt2():
-    result = run_python("import sys, json, fineweb, hellaswag, evaluate; print(json.dumps(sorted(sys.modules)))")
+def test_fineweb_loads_no_torch_and_train_gpt2_no_script():
+    result = run_python("import sys, json, train_gpt2; print(json.dumps(sorted(sys.modules)))")
     assert result.returncode == 0, result.stderr
-    loaded = json.loads(result.stdout)
-    assert "train_gpt2" not in loaded and {"hellaswag", "evaluate"} <= set(loaded)
+    assert not set(json.loads(result.stdout)) & (set(SCRIPTS) - {"train_gpt2"})
+    result = run_python("import sys, json, hellaswag, evaluate; print(json.dumps(sorted(sys.modules)))")
+    assert result.returncode == 0, result.stderr
+    assert {"train_gpt2", "nanogpt.hellaswag_eval", "nanogpt.core_eval"} <= set(json.loads(result.stdout))
     result = run_python("import sys, fineweb; print('torch' in sys.modules)")
     assert result.stdout.strip() == "False", result.stderr
 

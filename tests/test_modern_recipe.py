@@ -21,6 +21,7 @@ import train_gpt2
 from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, assert_same_norms,
                       assert_two_processes_train_like_one, copy_of_run, moved_from_init, random_tokens,
                       read_log, run_script, script_cli, straight_and_resumed, torchrun, train, write_hellaswag)
+from nanogpt import hellaswag_eval
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.hf import export_hf
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
@@ -240,7 +241,7 @@ def test_sampling_int8_and_hellaswag_on_a_llama_checkpoint(modern_runs, tmp_path
     assert code == 0, err
     # acc_norm's count from transformers' model in float64; an example whose two best endings are within fp32's
     # rounding of each other may go either way
-    examples = hellaswag.load_examples(data)
+    examples = hellaswag_eval.load_examples(data)
     means = [sorted((row[i][0] / row[i][1], i) for i in range(4)) for row in reference_losses(str(tmp_path / "hf"),
                                                                                              examples)]
     want = sum(m[0][1] == ex["label"] for m, ex in zip(means, examples))
