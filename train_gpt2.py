@@ -38,7 +38,7 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loop_evals import sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import groups_by_role, muon_with_adamw
+from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -376,11 +376,9 @@ class GPT(nn.Module):
                 dtype = torch.get_autocast_dtype(idx.device.type)
             # room for this prompt and its new tokens, not the whole context (75 MB for d12, mostly untouched)
             cache = KVCache(cfg, B, min(cfg.block_size, T + max_new_tokens), idx.device, dtype)
-        # One row on a CPU: the logits are a matrix-vector product with the 50257 x n_embd head, a third
-        # of a d12 step, and MKL does it ~1.5x faster from an (in, out) copy of the weight than from
-        # nn.Linear's (out, in). The copy costs what ~30 tokens save, so only longer runs make one. (Not
-        # under autocast, which would convert the copy at every step; not for a wrapped/quantised head; not
-        # for a head already stored that way, as generate_tokens.py lays out a model on the CPU.)
+        # One row on a CPU: MKL's matrix-vector product with the head (a third of a d12 step) is ~1.5x faster from
+        # an (in, out) copy, which costs what ~30 tokens save (not under autocast, which would convert it each step;
+        # not for a wrapped, quantised or already transposed head, as generate_tokens.py lays one out on the CPU)
         head_t = None
         if (cache is not None and idx.device.type == "cpu" and B == 1 and max_new_tokens >= 32
                 and type(self.lm_head) is nn.Linear and self.lm_head.weight.is_contiguous()
@@ -1057,16 +1055,6 @@ def model_config(args, saved_config=None):
         raise UserError(f"--seq_len {args.seq_len} exceeds {source}'s context of {config.block_size}; "
                         f"give --seq_len {config.block_size} or less")
     return config
-
-
-def adamw_rates(args):
-    """--embed_lr, --head_lr, --scalar_lr as configure_optimizers takes them (None: no rates by role). args: the
-    parsed flags, or a checkpoint's saved dict of them."""
-    get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
-    rates = {role: get(f"{role}_lr") for role in ("embed", "head", "scalar")}
-    return rates if any(rate is not None for rate in rates.values()) else None
-
-
 
 
 # -----------------------------------------------------------------------------

@@ -89,3 +89,11 @@ def rates_beside(optimizer):
     """The learning rates of the optimizers stepped beside AdamW, by name, for the step line and the trackers:
     {"muon": Muon's rate} beside AdamW, else {}."""
     return {"muon": optimizer.muon.param_groups[0]["lr"]} if isinstance(optimizer, MuonWithAdamW) else {}
+
+
+def adamw_rates(args):
+    """--embed_lr, --head_lr, --scalar_lr as configure_optimizers takes them (None: no rates by role). args: the
+    parsed flags, or a checkpoint's saved dict of them."""
+    get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
+    rates = {role: get(f"{role}_lr") for role in ("embed", "head", "scalar")}
+    return rates if any(rate is not None for rate in rates.values()) else None
