@@ -69,7 +69,7 @@ class GPTConfig:
     n_layer: int = option(12, "blocks (default: the --model preset's)")
     n_head: int = option(12, "attention heads (default: the --model preset's)")
     n_embd: int = option(768, "width of the residual stream (default: the --model preset's)")
-    # the architecture, and the options of the others' pieces (nanogpt/layers.py, docs/recipes.md)
+    # beyond GPT-2's shape: the architecture and the options of its pieces (docs/recipes.md)
     arch: str = option("gpt2", "gpt2: the lecture's block; llama: RMSNorm, rotary positions instead of wpe, a SwiGLU "
                                "MLP, no biases; speedrun: the block of the GPT-2 speedruns (modded-nanogpt, nanochat), "
                                "below (default: the --recipe's)", choices=("gpt2", "llama", "speedrun"))
