@@ -18,7 +18,7 @@ import inspect
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -29,7 +29,8 @@ from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
                                  refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
-from nanogpt.config_fields import add_config_flags, config_from_flags, make_config, option, refuse_another_model
+from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_count, make_config, option,
+                                  refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_by_trial,
                              fits_in_memory, largest_batch_size, trial_step)
@@ -118,9 +119,9 @@ class GPTConfig:
             if getattr(self, name) is None:
                 setattr(self, name, speedrun)
         # what no model can be built of (a ValueError: nanogpt.config_fields says it in one line)
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "mlp_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)}: must be 1 or more")
+        for f in fields(self):  # every count: 1 or more (0 or more where 0, the default, is off)
+            if f.type is int and getattr(self, f.name) < lowest_count(f):
+                raise ValueError(f"{f.name} {getattr(self, f.name)}: must be {lowest_count(f)} or more")
         if self.n_embd % self.n_head:
             raise ValueError(f"--n_embd {self.n_embd} is not divisible by --n_head {self.n_head}")
         if self.n_kv_head > self.n_head or self.n_head % self.n_kv_head:
@@ -775,15 +776,14 @@ class LRSchedule:
         return None if (self.start, self.start_lr) == (0, None) else {"start": self.start, "start_lr": self.start_lr}
 
     def min_lr(self):
-        return self.settings["max_lr"] * self.settings["min_lr_frac"]
+        return self(math.inf)  # where the schedule ends, whatever its shape
 
     def way_down(self):
         """The shape after the warmup, in words (the run header's and a resume's)."""
         s = self.settings
-        if s["lr_schedule"] == "cosine":
-            return "half a cosine"
         begin = self.start + s["warmup_steps"] if self.start_lr is None else self.start
-        return f"held until step {max(begin, s['max_steps'] - round(s['warmdown_frac'] * s['max_steps']))}, then a straight line"
+        held_until = max(begin, s["max_steps"] - round(s["warmdown_frac"] * s["max_steps"]))
+        return {"cosine": "half a cosine", "wsd": f"held until step {held_until}, then a straight line"}[s["lr_schedule"]]
 
     def describe(self):
         s = self.settings

@@ -72,11 +72,16 @@ def config_from_flags(config_class, args, base):
     return make_config(config_class, values, "the flags")
 
 
+def lowest_count(f):
+    """The smallest value of an int field: 0 where its default is 0 (off), else 1."""
+    return 0 if f.default == 0 else 1
+
+
 def check_value(f, value):
     """Counts from 1 to INT_MAX (from 0 where the default is 0: off), finite floats: anything else is a typo, or
     overflows torch's C integers."""
     name = f.metadata["flag"] or f.name
-    lowest = 0 if f.default == 0 else 1
+    lowest = lowest_count(f)
     if f.type is int and not lowest <= value <= INT_MAX:
         raise UserError(f"--{name} {value}: must be a whole number from {lowest} to {INT_MAX}")
     if f.type is float and not math.isfinite(value):
