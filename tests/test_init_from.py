@@ -124,8 +124,8 @@ def test_what_our_gpt_cannot_compute_is_refused_before_loading(hf_dirs, case, mo
 
 @pytest.mark.parametrize("case", ["small_vocab", "bert", "untied"])
 def test_train_refuses_in_one_line_and_writes_nothing(hf_dirs, shards, tmp_path, capsys, case):
-    """The reviewer's three: an IndexError in step 0, a BERT (87 lines of load report, then an
-    IndexError) and an untied GPT-2 trained silently as a different model."""
+    """A vocabulary smaller than GPT-2's (else an IndexError in step 0), a BERT (else 87 lines of load report,
+    then an IndexError) and an untied GPT-2 (else trained silently as a different model)."""
     log_dir = tmp_path / "log"
     before = files_under(hf_dirs[case])
     result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
