@@ -231,7 +231,7 @@ def test_resume_on_two_processes_continues_at_the_same_token(tmp_path, capsys):
 
 
 def ramp_tokens(steps, start, total, ramp, micro):
-    """Tokens of each step under the warm-up, from the rule stated in the issue: linear in tokens
+    """Tokens of each step under the warm-up, from the rule docs/training.md states: linear in tokens
     seen from start to total over the first `ramp` tokens, floored to whole micro-batches, at least one."""
     seen, out = 0, []
     for _ in range(steps):
