@@ -25,6 +25,11 @@ def pytest_configure(config):
                                        "pipeline); `pytest -m \"not slow\"` is the quick check of a model change")
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU, skipped without CUDA; `pytest -m cuda tests` runs "
                                        "them all (bench/gpu_check.sh does)")
+    # `-n N` (pytest-xdist): the N workers share the cores, and a thread beyond a worker's share only waits
+    # (see one_thread): on 2 cores, `-n 2` of a tiny run took 4x as long at 2 threads a worker as at 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 def pytest_collection_modifyitems(config, items):
