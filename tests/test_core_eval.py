@@ -457,6 +457,7 @@ def test_a_malformed_bundle_is_one_line_naming_file_and_line(bundle, tmp_path, h
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_input_through_the_command_line(hf_dir, bundle, tmp_path, capsys):
     broken = str(shutil.copytree(bundle, tmp_path / "eval_bundle"))
     break_bundle("gold out of range", broken)
@@ -679,6 +680,7 @@ def test_training_loop_logs_core_as_evaluate_py_scores_the_checkpoint(bundle, tm
         assert core[s] == round(result["core"], 4), (s, core, result["core"])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_scores_core_as_the_straight_one(bundle, tmp_path):
     """`--resume` alone takes --core_every, --core_bundle and --core_max_per_task from the checkpoint."""
     shards = make_shards(str(tmp_path / "shards"))

@@ -221,6 +221,7 @@ def test_padded_vocab_is_ignored(hf_dir, data, ref, tol):
         assert (hellaswag.score(m, rendered, "cpu", 4, n_vocab=n_vocab)[0].double() - want).abs().max() <= tol
 
 
+@pytest.mark.slow
 def test_cli_init_from_hf_dir(hf_dir, data, ref):
     examples = hellaswag.load_examples(data)
     acc, acc_norm = reference_counts(examples, ref)
@@ -249,6 +250,7 @@ def test_ddp_two_processes_give_the_same_counts(hf_dir, data, ref):
     assert r.stdout.count("acc_norm") == 1
 
 
+@pytest.mark.slow
 def test_training_loop_logs_hellaswag(tmp_path, data):
     """train_gpt2.py calls load_examples/evaluate in the loop: a tiny run (context 32, shorter than the
     rows) logs hella lines. The step-s number is measured before step s's update, on the weights saved
@@ -351,6 +353,7 @@ def test_data_from_a_pipe(tmp_path, data):
     assert examples == [dict(ex, where=ex["where"].replace(data, fifo)) for ex in hellaswag.load_examples(data)]
 
 
+@pytest.mark.slow
 def test_cli_errors(tmp_path, hf_dir, data):
     bad = str(tmp_path / "bad.jsonl")
     with open(bad, "w") as f:

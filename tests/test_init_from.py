@@ -165,6 +165,7 @@ def test_missing_weights_are_refused_not_made_up(lacking_weights):
         train_gpt2.GPT.from_pretrained(lacking_weights)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["small_vocab", "lacking"])
 def test_transformers_adds_nothing_to_the_one_line(hf_dirs, lacking_weights, shards, tmp_path, case):
     """transformers warns about a config (token ids outside a 1000-token vocabulary) and reports weights it
