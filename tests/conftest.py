@@ -22,7 +22,8 @@ from nanogpt.shards import write_shard  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the full suite's (torchrun, torch.compile, faults, trackers, the data "
-                                       "pipeline); `pytest -m \"not slow\"` is the quick check of a model change")
+                                       "pipeline, the scripts' command lines in fresh processes, the docs' commands); "
+                                       "`pytest -m \"not slow\"` is the quick check of a model change")
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU, skipped without CUDA; `pytest -m cuda tests` runs "
                                        "them all (bench/gpu_check.sh does)")
     # `-n N` (pytest-xdist): the N workers share the cores, and a thread beyond a worker's share only waits
