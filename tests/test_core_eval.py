@@ -25,7 +25,7 @@ from conftest import (TINY_FLAGS, assert_cli_error, assert_one_line_error, asser
                       descriptor_link, fifo_with_reader, make_shards, read_log, run_script, safe_char_device,
                       save_random_hf_gpt2, script_cli)
 
-# one worker under -n 2 (pytest.ini): the module's fixtures are made once
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
 pytestmark = pytest.mark.xdist_group("test_core_eval")
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "

@@ -27,7 +27,7 @@ from train_gpt2 import GPT, KVCache, sample_next_token
 # helpers
 
 
-# one worker under -n 2 (pytest.ini): the module's fixtures are made once
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("test_generate")]
 
 

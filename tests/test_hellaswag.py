@@ -16,7 +16,7 @@ from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import (TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, save_random_hf_gpt2,
                       write_hellaswag)
 
-# one worker under -n 2 (pytest.ini): the module's fixtures are made once
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
 pytestmark = pytest.mark.xdist_group("test_hellaswag")
 
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "

@@ -23,7 +23,7 @@ from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
-# one worker under -n 2 (pytest.ini): the module's fixtures are made once
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_recipe")]
 
 EOT = 50256
