@@ -22,9 +22,21 @@ from nanogpt.shards import write_shard  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the full suite's (torchrun, torch.compile, faults, trackers, the data "
-                                       "pipeline); `pytest -m \"not slow\"` is the quick check of a model change")
+                                       "pipeline, the scripts' command lines in fresh processes, the docs' commands); "
+                                       "`pytest -m \"not slow\"` is the quick check of a model change")
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU, skipped without CUDA; `pytest -m cuda tests` runs "
                                        "them all (bench/gpu_check.sh does)")
+    # `-n N` (pytest-xdist): the tests of a module marked xdist_group go to one worker (--dist loadgroup for -n's
+    # load), so that the training runs its module fixtures make are made once, not on each worker
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+    if hasattr(config, "workerinput"):  # a worker parses the command line again: its tests' ids name their group
+        config.option.loadgroup = True
+    # and the N workers share the cores: a thread beyond a worker's share only waits (see one_thread); on 2 cores,
+    # `-n 2` of a tiny run took 4x as long at 2 threads a worker as at 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -352,6 +352,7 @@ def test_plot_log_bad_input_table(tmp_path, capsys):
 # end to end: the real command line prints one line and no traceback
 
 
+@pytest.mark.slow
 def test_end_to_end_one_line(files, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("0 train 11.0\n")

@@ -26,6 +26,9 @@ from conftest import (TINY_FLAGS, assert_cli_error, assert_one_line_error, asser
                       descriptor_link, fifo_with_reader, make_shards, read_log, run_script, safe_char_device,
                       save_random_hf_gpt2, script_cli)
 
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = pytest.mark.xdist_group("test_core_eval")
+
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
          "slowly quickly holds puts takes runs walks jumps throws water ball rope bike table kitchen field "
          "camera paint wall floor knife bowl red blue green 42 7 , . ?").split()
@@ -458,6 +461,7 @@ def test_a_malformed_bundle_is_one_line_naming_file_and_line(bundle, tmp_path, h
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_input_through_the_command_line(hf_dir, bundle, tmp_path, capsys):
     broken = str(shutil.copytree(bundle, tmp_path / "eval_bundle"))
     break_bundle("gold out of range", broken)
@@ -680,6 +684,7 @@ def test_training_loop_logs_core_as_evaluate_py_scores_the_checkpoint(bundle, tm
         assert core[s] == round(result["core"], 4), (s, core, result["core"])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_scores_core_as_the_straight_one(bundle, tmp_path):
     """`--resume` alone takes --core_every, --core_bundle and --core_max_per_task from the checkpoint."""
     shards = make_shards(str(tmp_path / "shards"))

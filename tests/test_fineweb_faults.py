@@ -243,7 +243,7 @@ def test_killed_worker_stops_with_one_line_and_resumes(tmp_path, monkeypatch):
         workers = children(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
-        stdout, stderr = proc.communicate(input="", timeout=120)  # closes stdin: the run goes on (before the fix it hung here)
+        stdout, stderr = proc.communicate(input="", timeout=120)  # closing stdin lets the run go on, its worker dead
     finally:
         proc.kill()
     assert proc.returncode == 2, stdout + stderr
@@ -693,7 +693,7 @@ def test_progress_lines_reach_a_pipe_when_printed(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", PAUSE_AT_SECOND_SHARD, *flags], cwd=ROOT, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ready = select.select([proc.stdout], [], [], 60)[0]  # (before the fix: nothing until the run ended)
+        ready = select.select([proc.stdout], [], [], 60)[0]  # while the run is held
         assert ready and proc.stdout.readline() == "wrote book_val_000000.bin (1,000 tokens)\n"
         stdout, stderr = proc.communicate(input="", timeout=120)
     finally:

@@ -41,6 +41,7 @@ def test_candidates_and_halving():
     assert [smaller_batch_size(b) for b in (8, 6, 3, 5, 2, 1)] == [4, 3, 1, 1, 1, None]
 
 
+@pytest.mark.slow
 def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monkeypatch, capsys):
     data = make_shards(str(tmp_path / "data"))
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
@@ -53,6 +54,7 @@ def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monk
     logs_and_weights_equal(str(tmp_path / "auto"), str(tmp_path / "by_hand"))
 
 
+@pytest.mark.slow
 def test_auto_when_everything_fits_takes_the_cap(tmp_path, capsys):
     data = make_shards(str(tmp_path / "data"))
     train_gpt2.main(tiny_run(data, tmp_path / "auto"))
@@ -81,6 +83,7 @@ def failing_once_at(call, limit_after):
     return flaky
 
 
+@pytest.mark.slow
 def test_a_step_out_of_memory_runs_again_at_half(tmp_path, monkeypatch, capsys):
     """Micro-batch 4 (2 micro-steps a step); the second micro-step of step 3 runs out of memory: step 3 runs again
     from its start at 2 (4 micro-steps), and the run goes on at 2. The reference: the same run at 4 up to its

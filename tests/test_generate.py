@@ -27,7 +27,8 @@ from train_gpt2 import GPT, KVCache, sample_next_token
 # helpers
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("test_generate")]
 
 
 tiny_model = peaked_tiny_gpt
@@ -114,6 +115,7 @@ def test_greedy_past_block_size_uses_sliding_window():
         assert torch.equal(model.generate(idx, 5, temperature=0), reference_greedy(model, idx, 5)[0])
 
 
+@pytest.mark.slow
 def test_compile_for_sampling_compiles_what_generate_runs():
     """--compile must reach the key/value-cache step that generate runs, not only forward (which the cached
     path does not call): Dynamo traces frames during a generate that stays inside the context, and again
@@ -405,6 +407,7 @@ def runs(ckpt, tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, words", [
     ("missing", "does not exist"),
     ("truncated", "truncated"),
@@ -420,6 +423,7 @@ def test_bad_input_is_one_line_on_stderr(runs, case, words):
     assert runs[case].stdout == ""
 
 
+@pytest.mark.slow
 def test_same_seed_same_text_other_seed_other_text(runs):
     for case in ("seed1", "seed1_again", "seed2"):
         assert runs[case].returncode == 0, runs[case].stderr

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh, the one prepared run of every path on a GPU, kept from rotting between GPU sessions:
+"""bench/gpu_check.sh, the one prepared run of every path on a GPU, kept from rotting while no GPU is at hand:
 its dry run (every stage at a tiny shape on the CPU, CUDA-only stages skipped) passes here, and its report
 fails a run whose resumed log is not the straight run's, or whose stage failed."""
 

@@ -17,6 +17,9 @@ from nanogpt.tokenizer import EOT_TOKEN, get_tokenizer
 from conftest import (TINY_FLAGS, assert_one_line_error, make_shards, read_log, run_script, save_random_hf_gpt2,
                       write_hellaswag)
 
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = pytest.mark.xdist_group("test_hellaswag")
+
 WORDS = ("the a man woman dog child people is are was then he she they it with on in into over of to and "
          "slowly quickly holds puts takes runs walks jumps throws water ball rope bike table kitchen field "
          "camera paint wall floor knife bowl [title] [step] ' , . ! ? 42").split()
@@ -223,6 +226,7 @@ def test_padded_vocab_is_ignored(hf_dir, data, ref, tol):
         assert (hellaswag_eval.score(m, rendered, "cpu", 4, n_vocab=n_vocab)[0].double() - want).abs().max() <= tol
 
 
+@pytest.mark.slow
 def test_cli_init_from_hf_dir(hf_dir, data, ref):
     examples = hellaswag_eval.load_examples(data)
     acc, acc_norm = reference_counts(examples, ref)
@@ -251,6 +255,7 @@ def test_ddp_two_processes_give_the_same_counts(hf_dir, data, ref):
     assert r.stdout.count("acc_norm") == 1
 
 
+@pytest.mark.slow
 def test_training_loop_logs_hellaswag(tmp_path, data):
     """train_gpt2.py calls load_examples/evaluate in the loop: a tiny run (context 32, shorter than the
     rows) logs hella lines. The step-s number is measured before step s's update, on the weights saved
@@ -353,6 +358,7 @@ def test_data_from_a_pipe(tmp_path, data):
     assert examples == [dict(ex, where=ex["where"].replace(data, fifo)) for ex in hellaswag_eval.load_examples(data)]
 
 
+@pytest.mark.slow
 def test_cli_errors(tmp_path, hf_dir, data):
     bad = str(tmp_path / "bad.jsonl")
     with open(bad, "w") as f:

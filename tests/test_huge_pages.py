@@ -31,6 +31,8 @@ for _ in range(4):
 print(sorted(faults)[1])
 """
 PAGES = (64 << 20) // 4096
+# The full suite's: fresh processes of every script, and no model in them.
+pytestmark = pytest.mark.slow
 
 
 def page_faults(script, switch=None):

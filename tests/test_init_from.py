@@ -124,8 +124,8 @@ def test_what_our_gpt_cannot_compute_is_refused_before_loading(hf_dirs, case, mo
 
 @pytest.mark.parametrize("case", ["small_vocab", "bert", "untied"])
 def test_train_refuses_in_one_line_and_writes_nothing(hf_dirs, shards, tmp_path, capsys, case):
-    """The reviewer's three: an IndexError in step 0, a BERT (87 lines of load report, then an
-    IndexError) and an untied GPT-2 trained silently as a different model."""
+    """A vocabulary smaller than GPT-2's (else an IndexError in step 0), a BERT (else 87 lines of load report,
+    then an IndexError) and an untied GPT-2 (else trained silently as a different model)."""
     log_dir = tmp_path / "log"
     before = files_under(hf_dirs[case])
     result = script_cli(capsys, train_gpt2.main, *TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir,
@@ -165,6 +165,7 @@ def test_missing_weights_are_refused_not_made_up(lacking_weights):
         train_gpt2.GPT.from_pretrained(lacking_weights)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["small_vocab", "lacking"])
 def test_transformers_adds_nothing_to_the_one_line(hf_dirs, lacking_weights, shards, tmp_path, case):
     """transformers warns about a config (token ids outside a 1000-token vocabulary) and reports weights it

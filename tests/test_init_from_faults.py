@@ -62,7 +62,7 @@ def test_a_llama_whose_config_says_tied_but_weights_untie_loads_untied_as_transf
 
 
 def test_a_gpt2_whose_weights_untie_the_head_is_refused_in_one_line(tmp_path, capsys):
-    """Our GPT-2 always ties: it used to drop the file's head and tie, and its logits differed by ~60."""
+    """Our GPT-2 always ties: dropping the file's head to tie would give logits that differ by ~60."""
     folder = save_gpt2(tmp_path / "gpt2", tie_word_embeddings=False)
     edit_config(folder, tie_word_embeddings=True)
     hf = AutoModelForCausalLM.from_pretrained(folder)

@@ -215,6 +215,7 @@ def test_default_chunk_size(vocab):
     assert default_loss_chunk_size(10**9) == 1  # not even one row fits: still one row per chunk
 
 
+@pytest.mark.slow
 def test_compiled_fullgraph_equals_reference():
     # aot_eager: dynamo traces the autograd.Function (no graph break) and AOTAutograd functionalises it
     x, w, t = make_inputs(37, 16, 101, dtype=torch.float64)

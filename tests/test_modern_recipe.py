@@ -27,6 +27,9 @@ from nanogpt.hf import export_hf
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 from test_hellaswag import reference_losses
 
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = pytest.mark.xdist_group("test_modern_recipe")
+
 LLAMA = ["--arch", "llama", "--n_head", "4", "--n_kv_head", "2"]  # TINY_FLAGS' 2 layers x 32 wide, 4 heads sharing 2
 MODERN = [*LLAMA, "--optimizer", "muon", "--muon_lr", "0.02"]
 

@@ -23,7 +23,8 @@ from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
-pytestmark = pytest.mark.slow
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_recipe")]
 
 EOT = 50256
 SHUFFLED_FLAGS = [f for f in TINY_FLAGS if f != "--no_shuffle"]
@@ -231,7 +232,7 @@ def test_resume_on_two_processes_continues_at_the_same_token(tmp_path, capsys):
 
 
 def ramp_tokens(steps, start, total, ramp, micro):
-    """Tokens of each step under the warm-up, from the rule stated in the issue: linear in tokens
+    """Tokens of each step under the warm-up, from the rule docs/training.md states: linear in tokens
     seen from start to total over the first `ramp` tokens, floored to whole micro-batches, at least one."""
     seen, out = 0, []
     for _ in range(steps):

@@ -57,6 +57,7 @@ def interrupted(shards, tmp_path, capsys, one_thread):
     return flags, log_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["recompute", "stretch", "restart"])
 def test_a_longer_run_on_resume_follows_the_schedule_chosen(interrupted, capsys, choice):
     flags, log_dir = interrupted

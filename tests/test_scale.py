@@ -33,7 +33,8 @@ from conftest import (ROOT, TINY_FLAGS, assert_one_line_error, assert_same_norms
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
-pytestmark = pytest.mark.slow
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_scale")]
 
 RUN = ["--max_steps", "6", "--eval_every", "3", "--save_every", "3", "--total_batch_size", "512"]  # checkpoints after steps 2 and 5
 STATE_RE = re.compile(r"optimizer state per rank: (.*)")

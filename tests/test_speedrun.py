@@ -22,6 +22,9 @@ from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.loss_head import chunked_cross_entropy
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
+# one worker under -n 2 (conftest.py): the module's fixtures are made once
+pytestmark = pytest.mark.xdist_group("test_speedrun")
+
 SPEEDRUN = ["--recipe", "speedrun", "--n_layer", "4", "--n_head", "2", "--warmup_steps", "2",
             "--muon_momentum_warmup", "3"]  # TINY_FLAGS' 32 wide, 4 layers: two skips, two value embeddings
 

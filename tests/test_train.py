@@ -98,11 +98,13 @@ def test_two_process_ddp_matches_one_process(shards, tmp_path, capsys):
     assert ddp.stdout.count("step     3/4 | loss") == 1  # rank 0 alone prints and logs
 
 
+@pytest.mark.slow
 def test_no_data_says_run_fineweb(tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", str(tmp_path / "nothing"), "--log_dir", str(tmp_path / "log")])
     assert_one_line_error(result, "fineweb.py")
 
 
+@pytest.mark.slow
 def test_batch_that_does_not_divide(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"), "--total_batch_size", "300"])
     assert_one_line_error(result, "--total_batch_size 300 is not divisible")

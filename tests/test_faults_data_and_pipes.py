@@ -1,7 +1,7 @@
-"""Round four of the hostile sweep (the data under a running trainer, pipes under torchrun, HellaSwag endings that
-clean to nothing): each ends in one line, with the progress saved where there was progress to save.
+"""Shards that change under a running trainer, a pipe as HellaSwag data under torchrun, HellaSwag endings that
+clean to nothing: each ends in one line, with the progress saved where there was progress to save.
 
-    python -m pytest -q tests/test_faults_round4.py
+    python -m pytest -q tests/test_faults_data_and_pipes.py
 """
 
 import json
