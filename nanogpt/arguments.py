@@ -214,14 +214,19 @@ def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recom
         moments["head forward"] = static + head_weight + cast_weights + trunk + BT * (
             logits * (2 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
     else:
-        # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast; the next
-        # chunk's are made before the last's are let go; an fp32 sum of the weight's gradient and the weight's cast
+        # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast, with an
+        # fp32 sum of the weight's gradient and the weight's cast; at the peak, the next chunk's logits made while the
+        # last chunk's are held, or logsumexp's temporary of their size (inside the kernel), or a chunk's gradient of
+        # x, or a chunk's gradient of the weight added to the sum (under autocast, in bf16 and cast to fp32 inside
+        # add_) or the sum scaled at the end
         rows = min(BT, loss_chunk_rows(V))
         chunk = (4 * (1 + cap) + (2 if low else 0)) * rows * V
         weight = V * C * (4 + (2 if low else 0))
-        loop = chunk + ((4 + (2 if low else 0)) * rows * V if BT > rows else 0)
+        more = BT > rows  # chunks before this one, whose gradient (fp32 without autocast) is still held
+        loop = chunk + ((4 + (2 if low else 0)) * rows * V if more else 0)
+        logsumexp = (4 * (1 + cap) + 4) * rows * V + ((2 if low else 4) * rows * V if more else 0)
         moments["chunked head"] = static + cast_weights + trunk + weight + max(
-            loop, chunk + 8 * rows * C, chunk + 4 * V * C)  # the next chunk; a chunk's gradient of x; the scaled sum
+            loop, logsumexp, chunk + 8 * rows * C, chunk + (6 if low else 4) * V * C)
     held = logits if loss_impl == "plain" else 0
     # the end of backward: the embedding's gradient (a tied head's has waited for it, and their sum)
     moments["embedding gradient"] = static + BT * (16 + held) + 4 * V * C * (3 if config.tie_embeddings else 1)
