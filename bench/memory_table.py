@@ -2,21 +2,23 @@
 The peak memory of training steps: measured on the CPU, computed by nanogpt.arguments.estimated_bytes, and
 docs/speed.md's "Memory" tables (markdown, on stdout). Not part of the tests.
 
-    python bench/memory_table.py check      # measured against the formula at small shapes (~15 minutes on 2 cores)
+    python bench/memory_table.py check      # measured against the formula at small shapes (~40 minutes, 2 cores)
     python bench/memory_table.py gpu        # computed: d12 and d24 at T=1024, micro-batch 1-64, bf16; the picks
-    python bench/memory_table.py measure --recipe modern --n_layer 2 --n_embd 64 --n_head 2 --seq_len 64 \\
+    python bench/memory_table.py measure --recipe modern --n_layer 2 --n_embd 64 --n_head 2 --seq_len 64 \
         --batch_size 4 --dtype bf16 [--recompute] [--loss_impl chunked] [--vocab_size 4096] [--fake]
 
 A measurement takes train_gpt2.py's flags: the model of its GPTConfig (make_gpt), the recipe's optimizer
 (configure_optimizers, as set_up makes it), --recompute and --loss_impl, and runs training steps as train_gpt2.py's
 loop runs them (2 optimizer steps of 2 micro-steps: the second micro-step holds the first's gradients and the
-optimizer's state) in a fresh process, on the CPU, eagerly, in --dtype (bf16: autocast, as on a GPU). It reports:
-- tensors: the peak of the bytes of every live tensor (torch.distributed._tools.mem_tracker.MemTracker, which
-  tracks storages as they are made and freed), and with --fake the same with FakeTensorMode, which allocates nothing
-  (so shapes of any size can be traced; it matches the real run byte for byte at small shapes);
-- rss: the process's peak resident memory (VmHWM) less its resident memory before the model was built, with
-  glibc told to give every block of 64 KiB or more its own mapping, returned when freed, so that it follows the
-  tensors (it adds what is not a tensor: the autograd graph, oneDNN's and OpenMP's buffers).
+optimizer's state) in a fresh process, on the CPU, eagerly, in --dtype (bf16: autocast, as on a GPU). Its peaks:
+- allocated: of the bytes the CPU allocator holds (torch.profiler's memory events: every allocation, those inside
+  kernels too);
+- tensors: of the live tensors as torch.distributed._tools.mem_tracker.MemTracker sees them at the operators (not
+  what a kernel allocates inside it); with --fake, under FakeTensorMode, which allocates nothing, so shapes of any
+  size can be traced (it matches the real run's MemTracker byte for byte at small shapes);
+- rss: the process's resident memory (VmHWM) less its resident memory before the model was built, with glibc told
+  to give every block of 64 KiB or more its own mapping, returned when freed, so that it follows the tensors (it
+  adds what is not a tensor: the autograd graph, oneDNN's and OpenMP's buffers).
 --vocab_size here may be below the tokenizer's 50,257 (train_gpt2.py refuses it): a small vocabulary weighs the
 blocks against the loss head.
 """
@@ -25,7 +27,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import math
 import os
 import re
 import subprocess
@@ -226,16 +227,17 @@ def fits(peak_bytes, card_gib):
 def gpu(trace=True):
     computed = {}
     for model in MODELS:
-        print(f"\n{model}, T=1024, bf16 autocast, computed peak in GiB (no torch.compile):\n")
-        print("| micro-batch | " + " | ".join(VARIANTS) + " |")
-        print("| --- |" + " --- |" * len(VARIANTS))
-        for b in BATCH_SIZES:
+        print(f"\n{model}, T=1024, bf16 autocast, no torch.compile: the computed peak in GiB by micro-batch\n")
+        print("| recipe | options | " + " | ".join(map(str, BATCH_SIZES)) + " |")
+        print("| --- | --- |" + " --- |" * len(BATCH_SIZES))
+        for variant, flags in VARIANTS.items():
             row = []
-            for variant in VARIANTS:
+            for b in BATCH_SIZES:
                 args, config = model_and_flags(gpu_argv(model, variant, b))
                 computed[model, variant, b] = formula(args, config, "cuda")
                 row.append(f"{computed[model, variant, b] / GiB:.1f}")
-            print(f"| {b} | " + " | ".join(row) + " |")
+            options = " ".join(f for f in flags.split()[2:]) or "-"
+            print(f"| {variant.split()[0]} | {options} | " + " | ".join(row) + " |")
     print(f"\nThe micro-batch --batch_size auto would take (computed: the largest of {', '.join(map(str, BATCH_SIZES))} "
           f"whose peak x {1 + FRAGMENTATION:.2f} + {CONTEXT_GIB:g} GiB fits; 524,288 tokens a step on one "
           "GPU):\n")

@@ -9,7 +9,6 @@ check_memory's refusal, which must let a run through that fits.
 import pytest
 import torch
 
-from conftest import ROOT  # noqa: F401 (puts the project on sys.path)
 from nanogpt import arguments
 from nanogpt.cli import UserError
 from test_bench import load_bench
