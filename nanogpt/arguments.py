@@ -145,14 +145,114 @@ def check_batch_split(args, world_size, resuming=False):
                         f"= {args.batch_size}*{args.seq_len}*{world_size} = {per_micro_step}; {fix}")
 
 
-def estimated_bytes(config, n_params, B, T, dtype):
-    """A low estimate of the memory one training process needs for a model of config's shape with n_params
-    parameters: fp32 weights, gradients and AdamW's two moments, activations kept for backward (~34 values
-    per layer, token and channel, as in Korthikanti et al. without attention scores, which SDPA does not
-    keep; the MLP's share grows with its hidden width) and the logits with the fp32 copies cross-entropy makes of them."""
-    act = 2 if dtype in ("bf16", "fp16") else 4
-    per_token = 5 * config.n_embd + 3 * config.mlp_hidden  # 17 x n_embd at GPT-2's 4 x n_embd MLP
-    return 16 * n_params + config.n_layer * B * T * per_token * act + B * T * config.vocab_size * (act + 8)
+def loss_chunk_rows(vocab_size):
+    """Rows per chunk of --loss_impl chunked (nanogpt.loss_head.default_loss_chunk_size, which imports torch)."""
+    from nanogpt.loss_head import default_loss_chunk_size
+
+    return default_loss_chunk_size(vocab_size)
+
+
+def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
+                         device_type="cpu"):
+    """The bytes of the tensors alive at each moment of a training step where its peak can be, for a model of
+    config's shape with n_params parameters, a micro-batch of B x T tokens, run eagerly (no torch.compile) as
+    train_gpt2.py's loop runs it, in a micro-step after the first of a step after the first (so the gradients of
+    the micro-steps before and the optimizer's state exist). docs/speed.md ("Memory") has the tensors and the
+    check against measurements (bench/memory_table.py)."""
+    a = 2 if dtype in ("bf16", "fp16") else 4  # bytes of an activation in the compute dtype
+    low = a < 4  # autocast: each linear layer keeps its own low-precision copy of its input and weight
+    C, F, V, L, H = config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head
+    kv_heads, BT, cap = config.n_kv_head, B * T, 1 if config.logit_softcap else 0
+    D = C // H
+    kv = kv_heads * D
+    gpt2, gain = config.arch == "gpt2", config.arch == "llama"  # gain: an RMSNorm with a learned gain
+    swiglu = config.mlp_act == "swiglu"
+    # weights, the gradients of the micro-steps before, AdamW's two moments or Muon's momentum (the blocks' matrices)
+    matrices = (4 * C * C if gpt2 else 2 * C * C + 2 * C * kv) + (3 if swiglu else 2) * C * F
+    state = 4 * L * matrices + 8 * (n_params - L * matrices) if optimizer == "muon" else 8 * n_params
+    static = 8 * n_params + state
+    biases = 5 * C + F if gpt2 else 0
+    cast_weights = 2 * L * (matrices + biases) if low else 0  # autocast's copies, cached through the forward pass
+    saved_weights = 2 * L * matrices if low else 0  # those of them backward needs
+    head_weight = 2 * V * C if low else 0
+
+    # Per token, what a block keeps for backward: its input and the residual stream after attention (fp32); each
+    # norm's statistics (LayerNorm's mean and rstd; RMSNorm's rstd, and x * rstd where it has a gain); the norms'
+    # outputs as the linear layers read them (under autocast one copy per layer); attention's inputs, output and
+    # logsumexp (flash attention keeps no T x T scores); the MLP's hidden activations.
+    norm = 8 if gpt2 else 4 + (4 * C if gain else 0)
+    readers = (1 if gpt2 else 3) + (2 if swiglu else 1)
+    layer = 8 * C + 2 * norm + (readers * a * C if low else 8 * C) + (2 if swiglu else 1) * 2 * a * F + 4 * H
+    if gpt2:  # q, k, v in one tensor; the output
+        layer += 4 * a * C
+    else:  # q and k rotated, v, the output; QK-norm's fp32 q and k and its rstd, and a contiguous copy of the output
+        layer += 4 * a * C + (4 * (C + kv) + 4 * (H + kv_heads) + a * C if config.qk_norm else 0)
+    rotary = 0 if gpt2 else 4 * a * T * D  # each block's cos and sin for q and k (no batch dimension)
+    value_embed = 4 * kv + 2 * a * kv_heads + (12 * a if low else 0)  # a value embedding and its gate
+    n_value_embeds = (L + 1) // 2 if config.value_embeds else 0  # nanogpt.layers.value_embed_layers: every other
+    tokens = 16  # x and y (int64)
+    # speedrun: the normed embedding x0 (and the embedding); what x0_mix's and the U-net's products keep of the
+    # residual stream besides each block's input
+    if config.arch == "speedrun":
+        tokens += 4 * C + 4 + (4 * C if config.x0_mix else 0)
+    skips = 4 * C * ((L - 1 if config.x0_mix else 0) + (1 if config.unet_skips and L % 2 == 0 else 0))
+    kept = (4 * C * L if recompute else layer * L) + skips + n_value_embeds * (4 * kv if recompute else value_embed)
+    final = 4 * C + norm  # the last norm's input and statistics
+    head_input = a * C if loss_impl == "plain" else 8 * C + (2 * C if low else 0)  # chunked: fp32, its gradient, a cast
+    trunk = BT * (tokens + kept + final + head_input) + (0 if recompute else L * rotary)
+    logits = a * V  # the loop's `_, loss = model(x, y)` holds forward's logits until the next micro-step's
+    moments = {}
+    if loss_impl == "plain":
+        # cross-entropy's fp32 log-softmax (kept), then in backward the gradients of it and of its input, in fp32
+        moments["head backward"] = static + head_weight + (0 if recompute else saved_weights) + trunk + BT * (
+            logits * (1 + cap) + 12 * V)
+        # after the head's backward: its weight's gradient (and its fp32 cast under autocast) and its input's
+        moments["head weight gradient"] = static + (0 if recompute else saved_weights) + trunk + BT * (
+            logits + a * C) + V * C * (a + (4 if low else 0))
+        # the end of forward: the logits of the micro-step before still held, an fp32 copy of the new ones under
+        # autocast, and the final norm's fp32 output
+        moments["head forward"] = static + head_weight + cast_weights + trunk + BT * (
+            logits * (2 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
+    else:
+        # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast, with an
+        # fp32 sum of the weight's gradient and the weight's cast; at the peak, the next chunk's logits made while the
+        # last chunk's are held, or logsumexp's temporary of their size (inside the kernel), or a chunk's gradient of
+        # x, or a chunk's gradient of the weight added to the sum (under autocast, in bf16 and cast to fp32 inside
+        # add_) or the sum scaled at the end
+        rows = min(BT, loss_chunk_rows(V))
+        chunk = (4 * (1 + cap) + (2 if low else 0)) * rows * V
+        weight = V * C * (4 + (2 if low else 0))
+        more = BT > rows  # chunks before this one, whose gradient (fp32 without autocast) is still held
+        loop = chunk + ((4 + (2 if low else 0)) * rows * V if more else 0)
+        logsumexp = (4 * (1 + cap) + 4) * rows * V + ((2 if low else 4) * rows * V if more else 0)
+        moments["chunked head"] = static + cast_weights + trunk + weight + max(
+            loop, logsumexp, chunk + 8 * rows * C, chunk + (6 if low else 4) * V * C)
+    held = logits if loss_impl == "plain" else 0
+    # the end of backward: the embedding's gradient (a tied head's has waited for it, and their sum)
+    moments["embedding gradient"] = static + BT * (16 + held) + 4 * V * C * (3 if config.tie_embeddings else 1)
+    if device_type != "cuda":  # (CUDA's AdamW is fused) AdamW's update of the embedding: two temporaries its size,
+        # and the last of those of the tensor before it when that is one of (V, C) too: an untied head, value embeddings
+        before = kv if config.value_embeds else C if not config.tie_embeddings else 0
+        moments["optimizer step"] = static + BT * (16 + held) + 8 * V * C + 4 * V * before
+    if recompute:
+        # the last block recomputed in backward: its activations (its input counted again, as the gradient of its
+        # output) and the gradient of its MLP's hidden activations (SwiGLU's: both), beside every block's input; a
+        # tied head's gradient waits for the embedding's until the end of backward. (What else its backward makes at
+        # once depends on the order of the operations: this one is a low estimate.)
+        moments["block backward"] = static + (saved_weights // L) + (4 * V * C if config.tie_embeddings else 0) + (
+            rotary + BT * (tokens + kept + held * (1 + cap) + layer + (2 if swiglu else 1) * a * F
+                           + (value_embed if n_value_embeds else 0)))
+    return moments
+
+
+def estimated_bytes(config, n_params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
+                    device_type="cpu"):
+    """A low estimate of the memory one training process needs: the peak of peak_bytes_by_moment, which counts the
+    tensors alive at each moment and leaves out a few small ones (bench/memory_table.py measures it 0-0.1% below the
+    peak of the live tensors of the real step on a CPU where the loss head's moments are the peak, as at GPT-2's
+    vocabulary; up to ~10% below where a recomputed block's backward is, which only a tiny vocabulary makes)."""
+    return max(peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer, recompute, loss_impl,
+                                    device_type).values())
 
 
 def available_memory_bytes():
@@ -188,7 +288,8 @@ def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = estimated_bytes(config, n_params, args.batch_size, args.seq_len, dtype) * local_world_size
+    need = estimated_bytes(config, n_params, args.batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
+                           args.loss_impl, device_type) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "

@@ -1,0 +1,68 @@
+"""nanogpt.arguments.estimated_bytes, the memory a training step needs, against a measurement: the peak of the
+bytes the CPU allocator holds through real training steps (bench/memory_table.py's measure: the model and optimizer
+of each recipe, run as train_gpt2.py's loop runs them, every allocation seen by torch.profiler) at a small shape; and
+check_memory's refusal, which must let a run through that fits.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/test_memory_estimate.py
+"""
+
+import pytest
+import torch
+
+from nanogpt import arguments
+from nanogpt.cli import UserError
+from test_bench import load_bench
+
+# 2 blocks of 64 at GPT-2's vocabulary, as the recipes have it: the loss head dominates, as in the GPT-2 models
+SHAPE = "--n_layer 2 --n_embd 64 --n_head 2 --seq_len 32 --batch_size 2"
+# What the formula leaves out are tensors of a few bytes per row (the loss, the chunked head's per-row sums and
+# targets) and the optimizer's step counters: measured at most 0.002% (1.5 KB) of the peak at SHAPE; 1% is room. It
+# counts only tensors alive at one moment, so it never exceeds the peak (beyond a few bytes).
+TOLERANCE = 0.01
+
+
+@pytest.fixture(scope="module")
+def memory_table():
+    return load_bench("memory_table")
+
+
+def within_tolerance(estimate, measured):
+    return measured * (1 - TOLERANCE) <= estimate <= measured * (1 + 1e-6)
+
+
+RECIPES = ("gpt2", "modern", "speedrun")
+OPTIONS = ("--dtype fp32", "--dtype bf16", "--dtype bf16 --recompute", "--dtype fp32 --loss_impl chunked",
+           "--dtype bf16 --loss_impl chunked", "--dtype bf16 --recompute --loss_impl chunked")
+QUICK = {("modern", "--dtype bf16 --recompute"), ("speedrun", "--dtype bf16 --loss_impl chunked")}  # and gpt2's below
+
+
+@pytest.mark.parametrize("recipe, options", [
+    pytest.param(r, o, marks=() if (r, o) in QUICK else pytest.mark.slow) for r in RECIPES for o in OPTIONS])
+def test_the_estimate_is_the_measured_peak_of_a_training_steps_tensors(memory_table, recipe, options):
+    argv = f"--recipe {recipe} {SHAPE} {options}".split()
+    measured = memory_table.measure(argv)["allocated"]
+    assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), measured), measured
+
+
+def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):
+    """With memory between the measured peaks of the plain loss head and the chunked one (CPU, fp32: what the
+    refusal sees), check_memory lets the chunked run start and refuses the plain one."""
+    import train_gpt2
+
+    peaks = {}
+    for loss_impl in ("plain", "chunked"):
+        argv = f"--recipe gpt2 {SHAPE} --dtype fp32 --loss_impl {loss_impl}".split()
+        peaks[loss_impl] = memory_table.measure(argv)["allocated"]
+        assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), peaks[loss_impl])
+    assert peaks["chunked"] < peaks["plain"]
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: (peaks["chunked"] + peaks["plain"]) // 2)
+    for loss_impl in ("plain", "chunked"):
+        args = train_gpt2.parse_args(f"--recipe gpt2 {SHAPE} --loss_impl {loss_impl}".split())
+        config = train_gpt2.model_config(args)
+        with torch.device("meta"):
+            n_params = train_gpt2.make_gpt(config).num_params()
+        if loss_impl == "plain":
+            with pytest.raises(UserError, match="needs at least"):
+                arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
+        else:
+            arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
