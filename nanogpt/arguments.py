@@ -247,10 +247,11 @@ def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recom
 
 def estimated_bytes(config, n_params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
                     device_type="cpu"):
-    """A low estimate of the memory one training process needs: the peak of peak_bytes_by_moment, which counts the
-    tensors alive at each moment and leaves out a few small ones (bench/memory_table.py measures it 0-0.1% below the
-    peak of the live tensors of the real step on a CPU where the loss head's moments are the peak, as at GPT-2's
-    vocabulary; up to ~10% below where a recomputed block's backward is, which only a tiny vocabulary makes)."""
+    """A low estimate of the memory one training process needs: the largest of peak_bytes_by_moment's moments,
+    each a count of tensors alive at once that leaves out only small ones. Against the CPU allocator's peak through
+    real steps (bench/memory_table.py, docs/speed.md "Memory": every recipe, fp32 and bf16, --recompute, --loss_impl
+    chunked, up to d12) it was 0-0.03% below, never above by more than a few bytes; up to ~10% below only where a
+    recomputed block's backward is the peak, which takes a vocabulary of a few hundred."""
     return max(peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer, recompute, loss_impl,
                                     device_type).values())
 
