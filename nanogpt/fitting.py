@@ -45,7 +45,8 @@ def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_
     have = arguments.available_memory_bytes() if device_type == "cpu" else None
     if have is not None:
         candidates = [b for b in candidates
-                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype) * local_world_size <= have
+                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype, args.optimizer, args.recompute,
+                                                   args.loss_impl) * local_world_size <= have
                       ] or candidates[-1:]
     return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 
@@ -75,18 +76,16 @@ def local_optimizers(optimizer):
 
 
 def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
-    """One training step's forward, backward and optimizer step at this micro-batch, changing nothing: the
-    tokens are zeros (no random draw, no data read), the optimizer steps at a rate of 0 on zero gradients (the
-    weights stay as they are, bit for bit), and its state, made by that step, is dropped again (the trial runs
+    """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
+    at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
+    second forward and backward with that state and the gradients held, as every later micro-step of a run has
+    them; the tokens are zeros (no random draw, no data read), and the state is dropped again (the trial runs
     before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
     gradient buckets). Raises what the step raises: an out-of-memory among others."""
     reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
-        with autocast:
-            _, loss = model(x, x)
-        loss.backward()
-        del loss
+        forward_backward(model, x, autocast)
         for opt in local_optimizers(optimizer):
             rates = [group["lr"] for group in opt.param_groups]
             for group in opt.param_groups:
@@ -99,11 +98,18 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
             finally:
                 for group, rate in zip(opt.param_groups, rates):
                     group["lr"] = rate
+        forward_backward(model, x, autocast)  # the peak of a real step: its optimizer state and gradients held
     finally:
         del reserve
         for opt in local_optimizers(optimizer):
             opt.state.clear()
         optimizer.zero_grad(set_to_none=True)
+
+
+def forward_backward(model, x, autocast):
+    with autocast:
+        _, loss = model(x, x)
+    loss.backward()
 
 
 def release_memory(device_type):

@@ -13,7 +13,7 @@ import torch
 import train_gpt2
 from conftest import (TINY_FLAGS, assert_cli_error, load_weights, make_shards, read_log, run_script, script_cli,
                       torchrun)
-from nanogpt.fitting import candidate_batch_sizes, smaller_batch_size
+from nanogpt.fitting import candidate_batch_sizes, smaller_batch_size, trial_step
 from oom_worker import failing_above
 
 # 6 steps of 256 tokens: 8 rows of 32 a step, --model tiny's cap of 8 rows a micro-batch
@@ -42,6 +42,27 @@ def test_candidates_and_halving():
 
 
 @pytest.mark.slow
+def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing():
+    """A real micro-step after the first runs with AdamW's moments and the gradients alive: so does the trial's
+    last forward; afterwards weights, gradients and optimizer state are as before."""
+    torch.manual_seed(0)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    held, forward = [], model.forward
+
+    def watched(idx, targets=None):
+        grads = all(p.grad is not None for p in model.parameters())
+        held.append((len(optimizer.state) > 0, grads))
+        return forward(idx, targets)
+
+    model.forward = watched
+    trial_step(model, optimizer, batch_size=2, seq_len=8, device="cpu", autocast=torch.autocast("cpu", enabled=False))
+    assert held[0] == (False, False) and held[-1] == (True, True)
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert not optimizer.state and all(p.grad is None for p in model.parameters())
+
+
 def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monkeypatch, capsys):
     data = make_shards(str(tmp_path / "data"))
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
