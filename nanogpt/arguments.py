@@ -256,6 +256,13 @@ def estimated_bytes(config, n_params, B, T, dtype, optimizer="adamw", recompute=
                                     device_type).values())
 
 
+def run_estimated_bytes(config, n_params, args, batch_size, dtype, device_type):
+    """estimated_bytes of this run (its --seq_len, --optimizer, --recompute, --loss_impl) at a micro-batch: the one
+    estimate of check_memory's refusal and of --batch_size auto's CPU pre-filter."""
+    return estimated_bytes(config, n_params, batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
+                           args.loss_impl, device_type)
+
+
 def available_memory_bytes():
     """MemAvailable of this machine (Linux), or None where it cannot be read."""
     try:
@@ -289,8 +296,7 @@ def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = estimated_bytes(config, n_params, args.batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
-                           args.loss_impl, device_type) * local_world_size
+    need = run_estimated_bytes(config, n_params, args, args.batch_size, dtype, device_type) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "

@@ -39,14 +39,13 @@ def fits_by_trial(args, ckpt, device_type):
 def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size):
     """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
     up to --batch_size (auto: the preset's micro-batch); on a CPU, whose out-of-memory the kernel answers by killing
-    the process, the largest whose estimated memory (arguments.estimated_bytes) is available."""
+    the process, the largest whose estimated memory (arguments.run_estimated_bytes) is available."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     have = arguments.available_memory_bytes() if device_type == "cpu" else None
     if have is not None:
         candidates = [b for b in candidates
-                      if arguments.estimated_bytes(config, n_params, b, args.seq_len, dtype, args.optimizer, args.recompute,
-                                                   args.loss_impl) * local_world_size <= have
+                      if arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type) * local_world_size <= have
                       ] or candidates[-1:]
     return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 
