@@ -37,9 +37,9 @@ from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_a
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
-from nanogpt.loop_evals import sample_lines, validation_loss
+from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw
+from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, step_if_finite
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -336,7 +336,7 @@ class GPT(nn.Module):
         return model
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
-                             rates=None, momentum_warmup=0):
+                             rates=None, momentum_warmup=0, fused=None):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
         # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest.
         matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
@@ -349,7 +349,8 @@ class GPT(nn.Module):
             decay = [p for p in params if p.dim() >= 2]
             no_decay = [p for p in params if p.dim() < 2]
             groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        if fused is None:  # fused on GPUs; on a CPU the foreach AdamW, build-nanogpt's numbers
+            fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
         return muon_with_adamw(matrices, adamw, muon_lr, learning_rate, momentum_warmup) if matrices else adamw
 
@@ -692,9 +693,14 @@ class ShuffledDataLoader(DataLoaderLite):
         self.doc_offsets = np.concatenate([[0], np.cumsum(lengths[perm])])  # where each begins in that stream
 
     def _span(self, start, n):
-        pos = np.arange(start, start + n)
-        doc = np.searchsorted(self.doc_offsets, pos, side="right") - 1
-        return self.tokens[self.doc_starts[doc] + (pos - self.doc_offsets[doc])]
+        # the documents the span crosses, a slice of each (not an index per token: a batch is ~60 documents of ~1k)
+        first, last = np.searchsorted(self.doc_offsets, [start, start + n - 1], side="right") - 1
+        pieces = []
+        for doc in range(first, last + 1):
+            lo, hi = max(start, self.doc_offsets[doc]), min(start + n, self.doc_offsets[doc + 1])
+            pieces.append(self.tokens[self.doc_starts[doc] + lo - self.doc_offsets[doc] :
+                                      self.doc_starts[doc] + hi - self.doc_offsets[doc]])
+        return np.concatenate(pieces)
 
     def _advance_if_full(self):
         if self.base + self.B * self.T * self.world_size + 1 > len(self.tokens):
@@ -920,20 +926,19 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             lr = lr_schedule(step)
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # Muon's: --muon_lr / --max_lr
-            finite = bool(torch.isfinite(loss_accum)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
-            if finite:  # a non-finite loss or gradient is skipped (fp16: the scaler skips an overflow itself)
-                scaler.step(optimizer)
-                scaler.update()
+            # a non-finite loss or gradient skips the update; decided on the device where the optimizer can, so the
+            # CPU queues the update without waiting for the backward to end
+            finite = step_if_finite(optimizer, scaler, loss_accum, norm)
             optimizer.zero_grad(set_to_none=True)  # now: evaluations and checkpoints need the memory
-            if device_type == "cuda":
-                torch.cuda.synchronize()  # wait for the GPU to finish the step
+            # the step's one wait: its numbers to the host, once the GPU has finished the step
+            loss_accum, norm, finite = torch.stack((loss_accum, norm.float(), finite.float())).tolist()
             dt = time.time() - t0
             # --------------- TRAINING SECTION END -------------------------------------------
             # everything that follows now is just diagnostics, prints, logging and checkpoints
 
             step_tokens = grad_accum_steps * micro
             tokens_seen += step_tokens
-            run.log_step(step, loss_accum.item(), lr, norm.item(), dt, step_tokens, tokens_seen, finite)
+            run.log_step(step, loss_accum, lr, norm, dt, step_tokens, tokens_seen, bool(finite))
             if run.checkpoint(step, tokens_seen):  # a signal to any rank: it saved, and the run stops
                 break
         run.summary(world_size, tokens_seen, train_loader.total_tokens)
@@ -943,7 +948,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
 class TrainingSetup:
     """What set_up() builds for the loop (every field has a default, so that one more can go anywhere)."""
     model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
-    eval_model: nn.Module = None  # compiled, not wrapped: validation, HellaSwag and CORE run on every rank alone
+    eval_model: nn.Module = None  # compiled apart, not wrapped: validation, HellaSwag and CORE run on every rank alone
     raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
     optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
     scaler: torch.amp.GradScaler = None
@@ -996,15 +1001,16 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
-                                               adamw_rates(args), args.muon_momentum_warmup)
+                                               adamw_rates(args), args.muon_momentum_warmup, args.fused_adamw)
     if zero:
         optimizer = zero_redundancy(optimizer)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
-    model = raw_model if fsdp or not use_compile else torch.compile(raw_model)
-    eval_model = model  # compiled, without the DDP wrapper: validation and HellaSwag run on every rank alone
+    # training's one graph, of static shapes; the evaluations (on every rank alone, without DDP) get their own
+    model = raw_model if fsdp or not use_compile else torch.compile(raw_model, dynamic=False)
+    eval_model = evaluation_model(raw_model, use_compile and not fsdp)
     if fit and not fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
         reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
-        trial = functools.partial(trial_step, eval_model, optimizer, seq_len=args.seq_len, device=device,
+        trial = functools.partial(trial_step, model, optimizer, seq_len=args.seq_len, device=device,
                                   autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
@@ -1168,6 +1174,10 @@ def build_parser():
                    help="plain: logits then F.cross_entropy (build-nanogpt's numbers); "
                         "chunked: a linear + cross-entropy head that never holds the (batch, vocab) logits "
                         "(less memory and traffic)")
+    g.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
+                   help="AdamW's fused kernel, which also skips a non-finite step on the device without the host "
+                        "waiting (default: on for CUDA; on a CPU the foreach AdamW, build-nanogpt's numbers)")
+    g.add_argument("--no_fused_adamw", dest="fused_adamw", action="store_false", help="the foreach AdamW")
     g.add_argument("--peak_tflops", type=float, default=None,
                    help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     g = p.add_argument_group("scale (docs/scale.md; --zero and --fsdp shard across torchrun's processes)")

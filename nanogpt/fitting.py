@@ -12,7 +12,7 @@ import torch
 
 from nanogpt import arguments
 from nanogpt.cli import UserError
-from nanogpt.optimizers import MuonWithAdamW
+from nanogpt.optimizers import local_optimizers
 from nanogpt.runtime import is_out_of_memory
 
 
@@ -67,13 +67,6 @@ def smaller_batch_size(batch_size):
     return next((b for b in range(batch_size // 2, 0, -1) if batch_size % b == 0), None)
 
 
-def local_optimizers(optimizer):
-    """The torch optimizers this process steps itself: ZeroRedundancyOptimizer's own share (whose step() would
-    broadcast to the others), Muon's and AdamW's beside each other, or the optimizer."""
-    inner = getattr(optimizer, "optim", optimizer)
-    return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
-
-
 def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
@@ -82,6 +75,7 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
     before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
     gradient buckets). Raises what the step raises: an out-of-memory among others."""
     reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
+    model.train()  # the graph training runs (a loaded model comes in eval mode)
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
         forward_backward(model, x, autocast)
@@ -106,8 +100,10 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
 
 
 def forward_backward(model, x, autocast):
+    # targets apart from the inputs, as the loop's are: torch.compile guards on the two being one tensor, and would
+    # compile a graph for the trial that training never uses
     with autocast:
-        _, loss = model(x, x)
+        _, loss = model(x, torch.zeros_like(x))
     loss.backward()
 
 

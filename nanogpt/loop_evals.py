@@ -4,9 +4,30 @@ loss on the first batches of the validation split, and samples of the model's te
 """
 
 import torch
+import torch.nn as nn
 
 from nanogpt.runtime import all_reduce_mean
 from nanogpt.tokenizer import SAMPLE_PROMPT, decode_sample, format_sample
+
+
+class Evaluated(nn.Module):
+    """The model as the loop's evaluations call it: a module of its own, so that torch.compile gives them graphs of
+    their own. Dynamo remembers the shapes each compiled frame has seen; through the training module, HellaSwag's
+    and CORE's other shapes would make it compile the training graph with dynamic batch and length."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model  # nanogpt.evaluation.unwrap finds the GPT here
+
+    def forward(self, idx, targets=None):
+        return self.module(idx, targets)
+
+
+def evaluation_model(model, use_compile):
+    """What validation, HellaSwag and CORE run: the model in an Evaluated of its own, compiled when training is
+    (its first graph is validation's static one; another shape makes it dynamic, as evaluations need)."""
+    evaluated = Evaluated(model)
+    return torch.compile(evaluated) if use_compile else evaluated
 
 
 @torch.no_grad()

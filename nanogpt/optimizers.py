@@ -97,3 +97,50 @@ def adamw_rates(args):
     get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
     rates = {role: get(f"{role}_lr") for role in ("embed", "head", "scalar")}
     return rates if any(rate is not None for rate in rates.values()) else None
+
+
+def local_optimizers(optimizer):
+    """The torch optimizers this process steps itself: ZeroRedundancyOptimizer's own share (whose step() would
+    broadcast to the others), Muon's and AdamW's beside each other, or the optimizer."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
+
+
+def takes_found_inf(optimizer):
+    """Whether a torch optimizer skips its whole step on the device when handed a found_inf flag (the loss
+    scaler's protocol): fused AdamW does, and the Muon here; the foreach AdamW (a CPU's default) does not, nor a
+    fused one over --fsdp's sharded parameters (a plain flag among DTensors)."""
+    if getattr(optimizer, "takes_found_inf", False):
+        return True
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return (isinstance(optimizer, torch.optim.Adam) and all(group.get("fused") for group in optimizer.param_groups)
+            and not any(hasattr(p, "to_local") for p in params))
+
+
+def step_if_finite(optimizer, scaler, loss, norm):
+    """optimizer.step(), unless the loss or the gradient norm is not finite: then the step changes nothing (weights,
+    optimizer state, its step count). Returns that verdict, a bool tensor on the device. Where every optimizer of
+    this process takes a found_inf flag it is decided on the device, so the host queues the optimizer's work
+    without waiting for the backward to end; elsewhere (the CPU's foreach AdamW, where waiting costs nothing) the
+    host reads it. fp16: the loss scaler skips an overflow of the gradients itself; the loss is read here."""
+    if scaler.is_enabled():
+        finite = torch.isfinite(loss)
+        if bool(finite):
+            scaler.step(optimizer)
+            scaler.update()
+        return finite
+    finite = torch.isfinite(loss) & torch.isfinite(norm)
+    local = local_optimizers(optimizer)
+    if not all(takes_found_inf(opt) for opt in local):
+        if bool(finite):
+            optimizer.step()
+        return finite
+    found_inf = (~finite).float()
+    for opt in local:
+        opt.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        for opt in local:
+            del opt.found_inf
+    return finite

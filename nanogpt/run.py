@@ -104,7 +104,7 @@ class Run:
                 attempt.retry = True
             else:
                 if (self.master and step > self.start_step and not self.saved_at(step - 1)
-                        and not (self.zero or self.fsdp)):
+                        and not (self.zero or self.fsdp) and weights_finite(self.model)):
                     path = self.save(step - 1, loader_state, self.tokens_seen)
                     self.say(f"stopping at step {step}: saved {path} first; --resume continues from there")
                 if out_of_memory:
@@ -139,18 +139,20 @@ class Run:
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others))
         self.bad_steps = 0 if finite else self.bad_steps + 1
-        self.stop_if_broken(step, finite and not weights_finite(self.model))
+        # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
+        # them?) and before a checkpoint (checkpoint())
+        self.stop_if_broken(step, not finite and not weights_finite(self.model))
 
     def stop_if_broken(self, step, weights_broken):
-        """Stop, naming the last good checkpoint, when an update broke the weights or too many steps in a row
-        were skipped as non-finite."""
+        """Stop, naming the last good checkpoint, when the weights hold NaN or inf after this step (an update broke
+        them: the steps skipped since have not) or too many steps in a row were skipped as non-finite."""
         if not weights_broken and self.bad_steps < self.args.max_bad_steps:
             return
         last_good = find_checkpoints(self.args.log_dir)
         last_good = last_good[0] if last_good else "none"
         if weights_broken:
-            raise UserError(f"the update of step {step} made the weights non-finite (nothing was saved after it); "
-                            f"last good checkpoint: {last_good}; lower --max_lr")
+            raise UserError(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
+                            f"was saved after it); last good checkpoint: {last_good}; lower --max_lr")
         raise UserError(f"{self.bad_steps} non-finite steps in a row at step {step}; the weights were not updated by "
                         f"them. Last good checkpoint: {last_good}; lower --max_lr or check the data")
 
@@ -163,6 +165,7 @@ class Run:
         failure), save when --save_every, the last step or a stop asks for it, and say whether to stop."""
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
+            self.stop_if_broken(step, not weights_finite(self.model))  # no checkpoint holds weights that broke
             # under --zero 1 / --fsdp every rank takes part in gathering the state
             gathered = gathered_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
             self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
@@ -219,13 +222,15 @@ def out_of_memory_error(e, args):
 
 
 def weights_finite(model):
-    # the largest and smallest entry of each tensor: NaN and +-inf show there, and no temporary the size of the
-    # weights is made. Under --fsdp each rank looks at its own shards (a tensor with fewer rows than ranks leaves
-    # some ranks an empty one) and the ranks agree, so that all stop or none.
+    # the largest absolute entry of each tensor, in one foreach op (a few kernels, not a few per tensor): NaN and
+    # +-inf show there, and no temporary the size of the weights is made. Under --fsdp each rank looks at its own
+    # shards (a tensor with fewer rows than ranks leaves some ranks an empty one) and the ranks agree, so that all
+    # stop or none.
     params = list(model.parameters())
     local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-    extremes = [torch.stack((t.detach().amax(), t.detach().amin())).float() for t in local if t.numel()]
-    broken = (~torch.isfinite(torch.stack(extremes))).any().float() if extremes else torch.zeros(())
+    held = [t.detach() for t in local if t.numel()]
+    largest = torch._foreach_norm(held, float("inf")) if held else []
+    broken = (~torch.isfinite(torch.stack(largest))).any().float() if held else torch.zeros(())
     if any(hasattr(p, "to_local") for p in params):
         broken = broken.to(local[0].device)
         torch.distributed.all_reduce(broken, op=torch.distributed.ReduceOp.MAX)

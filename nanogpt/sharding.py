@@ -23,7 +23,7 @@ def choose_sharding(zero, fsdp, ddp, dtype, say):
 
 
 def shard_model(model, dtype, device_type, use_compile):
-    """FSDP2 in place: each Block is one unit (gathered for its forward and backward, freed after),
+    """FSDP2 in place: each Block is one unit (compiled for training: compile_for_training) (gathered for its forward and backward, freed after),
     then the root, which holds the tied wte/lm_head weight, wpe and ln_f.
     bf16 on GPUs: the Blocks' weights are gathered and used in bf16 and their gradients reduced in
     fp32. Autocast stays on and the root stays fp32, so the residual stream, the embeddings'
@@ -37,10 +37,18 @@ def shard_model(model, dtype, device_type, use_compile):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in model.transformer.h:
         if use_compile:
-            block.compile()  # in place: parameter names keep no _orig_mod.
+            compile_for_training(block)
         fully_shard(block, mp_policy=policy)
     fully_shard(model)
     return model
+
+
+def compile_for_training(block):
+    """The Block's forward compiled (static shapes) for training, in place (parameter names keep no _orig_mod.),
+    and run eagerly without gradients: the evaluations and samples, run through the same sharded Blocks, would
+    otherwise bring their shapes (HellaSwag's, a KV cache's) into the training graph and make it dynamic."""
+    eager, compiled = block.forward, torch.compile(block.forward, dynamic=False)
+    block.forward = lambda *args: compiled(*args) if torch.is_grad_enabled() else eager(*args)
 
 
 def zero_redundancy(optimizer):

@@ -320,7 +320,8 @@ def test_the_weights_health_check_finds_every_non_finite_value(value, dtype):
 
 
 def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monkeypatch):
-    # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at once
+    # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at the next
+    # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it
     log_dir = str(tmp_path / "log")
     step = torch.optim.AdamW.step
 
@@ -334,8 +335,34 @@ def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monke
 
     breaking_step.calls = 0
     monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
-    with pytest.raises(train_gpt2.UserError, match=r"the update of step 2 made the weights non-finite .*model_00001\.pt"):
+    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
         train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
+
+
+def test_a_broken_weight_the_loss_does_not_see_is_never_saved(shards, tmp_path, monkeypatch):
+    # an inf in a padded-vocabulary row of an untied token embedding (llama's, padded here): no token of the data
+    # looks it up, so the loss stays finite, and the check before the checkpoint stops the run instead of writing it
+    log_dir = str(tmp_path / "log")
+    step = torch.optim.AdamW.step
+
+    def breaking_step(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        breaking_step.calls += 1
+        if breaking_step.calls == 3:  # step 2's update
+            embedding = self.param_groups[0]["params"][0]  # the first 2-D parameter: transformer.wte
+            with torch.no_grad():
+                embedding[50300, 0] = float("inf")  # a padded row: no token of the data looks it up
+        return out
+
+    breaking_step.calls = 0
+    monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
+    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
+        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2", "--arch", "llama",
+              "--vocab_size", "50304")
+    with open(os.path.join(log_dir, "log.txt")) as f:
+        assert [ln.split()[:2] for ln in f] == [[str(i), "train"] for i in range(4)]  # every loss was finite
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
 
 
 def test_verify_data_against_manifest(shards, tmp_path):

@@ -1,0 +1,103 @@
+"""What a GPU would be given, counted on the CPU: the graphs torch.compile makes of a run, and the host's work per
+training step. Dynamo and AOTAutograd trace on a CPU exactly as on a GPU (only the code generation differs), so a
+recording backend (Dynamo's graph and its example inputs noted, then AOTAutograd's eager backend) shows which
+graphs a run compiles, when, and whether their shapes are static. A TorchDispatchMode sees every aten operation the
+host issues, and those that make it wait for the device (a tensor's value read on the host).
+
+    python -m pytest -q tests/test_gpu_ready.py
+"""
+
+import contextlib
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import train_gpt2
+from conftest import TINY_FLAGS, make_shards, write_hellaswag
+from nanogpt.run import Run
+
+pytestmark = pytest.mark.xdist_group("gpu_ready")
+
+
+# -----------------------------------------------------------------------------
+# Graphs
+
+
+class GraphRecorder:
+    """torch.compile with a recording backend: each graph Dynamo hands over is noted with what was compiled (the
+    training module, the evaluations' or another callable), whether any of its sizes is symbolic (dynamic), and how
+    many training steps had been logged when it was compiled."""
+
+    def __init__(self, monkeypatch):
+        self.graphs, self.steps = [], 0
+        compile_ = torch.compile
+        log_step = Run.log_step
+
+        def recording_compile(target, **kwargs):
+            kind = {"GPT": "training", "SpeedrunGPT": "training", "Evaluated": "evaluation"}.get(
+                type(target).__name__, "other")
+            kwargs.pop("backend", None)
+            return compile_(target, backend=self.backend(kind), **kwargs)
+
+        def counting_log_step(run, *args, **kwargs):
+            self.steps += 1
+            return log_step(run, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "compile", recording_compile)
+        monkeypatch.setattr(Run, "log_step", counting_log_step)
+        torch._dynamo.reset()
+
+    def backend(self, kind):
+        def record(gm, example_inputs):
+            symbolic = any(isinstance(x, torch.SymInt) or (torch.is_tensor(x) and any(
+                isinstance(s, torch.SymInt) for s in x.shape)) for x in example_inputs)
+            self.graphs.append({"kind": kind, "dynamic": symbolic, "after_step": self.steps})
+            return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+        return record
+
+    def of(self, kind):
+        return [g for g in self.graphs if g["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu_ready")
+    return make_shards(str(tmp / "data")), write_hellaswag(str(tmp / "hellaswag.jsonl"), n=8)
+
+
+def compiled_run(shards, log_dir, *extra, hellaswag=True):
+    """TINY_FLAGS compiled, 3 steps, validation and HellaSwag (its own batch shapes) at step 0 and the last step."""
+    data, hellaswag_data = shards
+    flags = [f for f in TINY_FLAGS if f != "--no_compile"]
+    scored = ["--hellaswag_every", "2", "--hellaswag_data", hellaswag_data] if hellaswag else []
+    train_gpt2.main([*flags, "--compile", "--data_dir", data, "--log_dir", str(log_dir), "--max_steps", "3",
+                     "--eval_every", "2", *scored, "--save_every", "0", *extra])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["gpt2", "speedrun"])
+@pytest.mark.parametrize("batch", [["--batch_size", "4"], ["--batch_size", "auto"]], ids=["explicit", "auto"])
+def test_training_compiles_one_static_graph_whatever_the_evaluations_do(shards, tmp_path, monkeypatch, recipe, batch):
+    recorder = GraphRecorder(monkeypatch)
+    compiled_run(shards, tmp_path / "log", "--recipe", recipe, *[f for f in batch])
+    training, evaluation = recorder.of("training"), recorder.of("evaluation")
+    assert len(training) == 1, recorder.graphs  # the --batch_size auto trial's graph is the one training runs
+    assert not training[0]["dynamic"]
+    # the evaluations at step 0 ran first, on graphs of their own (HellaSwag's shapes make theirs dynamic)
+    assert evaluation and all(g["after_step"] == 0 for g in evaluation), recorder.graphs
+    assert any(g["dynamic"] for g in evaluation)  # the recorder can tell a dynamic graph
+
+
+@pytest.mark.slow
+def test_a_micro_batch_that_did_not_fit_leaves_training_a_static_graph(shards, tmp_path, monkeypatch):
+    from oom_worker import failing_above
+
+    recorder = GraphRecorder(monkeypatch)
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    compiled_run(shards, tmp_path / "log", "--batch_size", "auto", hellaswag=False)  # (HellaSwag's rows: > 2)
+    training = recorder.of("training")
+    # the candidates that did not fit (8, 4) raise before their graph is whole; the one that fits is compiled once,
+    # before any step, with static shapes, and training runs it
+    assert training and all(not g["dynamic"] and g["after_step"] == 0 for g in training), recorder.graphs
