@@ -1,11 +1,10 @@
 """
-Muon beside AdamW, stepped as one optimizer (train_gpt2.py --optimizer muon): torch.optim.Muon
-orthogonalises the update of each weight matrix of the blocks (Newton-Schulz iterations, in PyTorch itself
-since 2.9); AdamW takes the embedding, the output head and the 1-D parameters, as in nanochat and
-modded-nanogpt.
+Muon beside AdamW, stepped as one optimizer (train_gpt2.py --optimizer muon): Muon (nanogpt.muon: torch.optim.Muon's
+update, batched over same-shape matrices) orthogonalises the update of each weight matrix of the blocks; AdamW takes
+the embedding, the output head and the 1-D parameters, as in nanochat and modded-nanogpt.
 """
 
-import torch
+from nanogpt.muon import Muon
 
 
 MUON_MOMENTUM = (0.85, 0.95)  # --muon_momentum_warmup's climb (modded-nanogpt's); Muon's default is the top
@@ -28,6 +27,21 @@ class MuonWithAdamW:
     @property
     def state(self):
         return {**self.muon.state, **self.adamw.state}
+
+    @property
+    def found_inf(self):
+        """None, or a 0-d float tensor on the weights' device that the loop sets before step(): 1 makes the step
+        change nothing, decided on the device. Both optimizers take it; torch's AdamW honours it only when fused
+        (a non-fused one's step refuses it), so with a non-fused AdamW setting one is refused here. The momentum
+        warm-up counts a skipped step as a step."""
+        return self.muon.found_inf
+
+    @found_inf.setter
+    def found_inf(self, found_inf):
+        if found_inf is not None and not all(group.get("fused") for group in self.adamw.param_groups):
+            raise ValueError("found_inf needs a fused AdamW beside Muon (torch's non-fused AdamW cannot skip a step "
+                             "on the device); step only when the gradients are finite instead")
+        self.muon.found_inf = self.adamw.found_inf = found_inf
 
     def step(self):
         if self.momentum_warmup:
@@ -52,10 +66,11 @@ class MuonWithAdamW:
         self.steps = state.get("steps", 0)
 
 
-def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0):
-    """torch.optim.Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw."""
-    muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr,
-                            weight_decay=0.0)
+def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0, process_group=None):
+    """Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw. process_group: None in
+    one process, the DDP ranks' group to share Muon's Newton-Schulz work across them."""
+    muon = Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr, weight_decay=0.0,
+                process_group=process_group)
     return MuonWithAdamW(muon, adamw, momentum_warmup)
 
 
