@@ -170,7 +170,7 @@ class Muon(torch.optim.Optimizer):
         buffers = self.momentum_stack(params, like=grads)
         momentum = group["momentum"]
         moved = buffers.lerp_(grads, 1 - momentum) if skip is None else buffers.lerp(grads, 1 - momentum)
-        update = grads.lerp(moved, momentum) if group["nesterov"] else moved
+        update = grads.lerp_(moved, momentum) if group["nesterov"] else moved  # (grads: the stack, a copy)
         ortho = orthogonalised(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.process_group)
         # exact in the weights' dtype; contiguous like them, so that foreach ops take their fast path on a GPU
         ortho = ortho.to(params[0].dtype, memory_format=torch.contiguous_format)
