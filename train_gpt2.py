@@ -336,9 +336,10 @@ class GPT(nn.Module):
         return model
 
     def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
-                             rates=None, momentum_warmup=0, fused=None):
+                             rates=None, momentum_warmup=0, process_group=None, fused=None):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
-        # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest.
+        # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest. process_group: DDP's,
+        # across whose ranks Muon shares its Newton-Schulz work (None: one process).
         matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         if rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters (nanogpt.optimizers)
@@ -352,7 +353,9 @@ class GPT(nn.Module):
         if fused is None:  # fused on GPUs; on a CPU the foreach AdamW, build-nanogpt's numbers
             fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate, momentum_warmup) if matrices else adamw
+        if not matrices:
+            return adamw
+        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate, momentum_warmup, process_group)
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -1001,7 +1004,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
-                                               adamw_rates(args), args.muon_momentum_warmup, args.fused_adamw)
+                                               adamw_rates(args), args.muon_momentum_warmup,
+                                               torch.distributed.group.WORLD if ddp else None, args.fused_adamw)
     if zero:
         optimizer = zero_redundancy(optimizer)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
@@ -1088,7 +1092,8 @@ def build_parser():
                         "--arch speedrun with the GPT-2 speedruns' optimizer set-up (Muon with momentum warm-up, AdamW "
                         "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
     g.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
-                   help="muon: torch.optim.Muon on the blocks' weight matrices, AdamW (at --max_lr) on the rest")
+                   help="muon: Muon (torch.optim.Muon's update, batched over same-shape matrices) on the blocks' "
+                        "weight matrices, AdamW (at --max_lr) on the rest")
     g.add_argument("--muon_lr", type=float, default=MUON_LR,
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
     g.add_argument("--muon_momentum_warmup", type=int, default=0,
@@ -1233,9 +1238,6 @@ def main(argv=None):
     if ckpt is None:
         args.data_dir = laptop_data_dir(args, say)
     arguments.check_args(args, RUN_PRESETS)
-    if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-        raise UserError(f"--optimizer muon needs torch.optim.Muon, new in torch 2.9 (this is torch "
-                        f"{torch.__version__}); upgrade torch, or use --optimizer adamw")
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     config = model_config(args, saved_config)

@@ -6,12 +6,14 @@ training step that changes nothing, and takes the first that fits on every proce
 memory later is run again from its start at half the micro-batch.
 """
 
+import contextlib
 import gc
 
 import torch
 
 from nanogpt import arguments
 from nanogpt.cli import UserError
+from nanogpt.muon import Muon
 from nanogpt.optimizers import local_optimizers
 from nanogpt.runtime import is_out_of_memory
 
@@ -87,7 +89,8 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
                     if p.grad is not None:
                         p.grad.zero_()
             try:
-                opt.step()
+                with opt.alone() if isinstance(opt, Muon) else contextlib.nullcontext():  # no collective: see alone
+                    opt.step()
             finally:
                 for group, rate in zip(opt.param_groups, rates):
                     group["lr"] = rate

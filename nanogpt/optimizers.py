@@ -1,11 +1,12 @@
 """
-Muon beside AdamW, stepped as one optimizer (train_gpt2.py --optimizer muon): torch.optim.Muon
-orthogonalises the update of each weight matrix of the blocks (Newton-Schulz iterations, in PyTorch itself
-since 2.9); AdamW takes the embedding, the output head and the 1-D parameters, as in nanochat and
-modded-nanogpt.
+Muon beside AdamW, stepped as one optimizer (train_gpt2.py --optimizer muon): Muon (nanogpt.muon: torch.optim.Muon's
+update, batched over same-shape matrices) orthogonalises the update of each weight matrix of the blocks; AdamW takes
+the embedding, the output head and the 1-D parameters, as in nanochat and modded-nanogpt.
 """
 
 import torch
+
+from nanogpt.muon import Muon
 
 
 MUON_MOMENTUM = (0.85, 0.95)  # --muon_momentum_warmup's climb (modded-nanogpt's); Muon's default is the top
@@ -52,10 +53,11 @@ class MuonWithAdamW:
         self.steps = state.get("steps", 0)
 
 
-def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0):
-    """torch.optim.Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw."""
-    muon = torch.optim.Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr,
-                            weight_decay=0.0)
+def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0, process_group=None):
+    """Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw. process_group: None in
+    one process, the DDP ranks' group to share Muon's Newton-Schulz work across them."""
+    muon = Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr, weight_decay=0.0,
+                process_group=process_group)
     return MuonWithAdamW(muon, adamw, momentum_warmup)
 
 
@@ -110,7 +112,7 @@ def takes_found_inf(optimizer):
     """Whether a torch optimizer skips its whole step on the device when handed a found_inf flag (the loss
     scaler's protocol): fused AdamW does, and the Muon here; the foreach AdamW (a CPU's default) does not, nor a
     fused one over --fsdp's sharded parameters (a plain flag among DTensors)."""
-    if getattr(optimizer, "takes_found_inf", False):
+    if isinstance(optimizer, Muon):
         return True
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return (isinstance(optimizer, torch.optim.Adam) and all(group.get("fused") for group in optimizer.param_groups)
@@ -142,5 +144,5 @@ def step_if_finite(optimizer, scaler, loss, norm):
         optimizer.step()
     finally:
         for opt in local:
-            del opt.found_inf
+            opt.found_inf = None
     return finite

@@ -24,6 +24,7 @@ from conftest import (TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_l
 from nanogpt import hellaswag_eval
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.hf import export_hf
+from nanogpt.muon import Muon
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 from test_hellaswag import reference_losses
 
@@ -155,13 +156,13 @@ def test_the_schedule_scales_muons_learning_rate_too(modern_runs, monkeypatch, c
     """Each step's rates as the optimizers receive them: AdamW's the schedule's, Muon's x --muon_lr / --max_lr;
     the step line shows both."""
     seen = []
-    real_step = torch.optim.Muon.step
+    real_step = Muon.step
 
     def recording_step(self, *a, **k):
         seen.append(self.param_groups[0]["lr"])
         return real_step(self, *a, **k)
 
-    monkeypatch.setattr(torch.optim.Muon, "step", recording_step)
+    monkeypatch.setattr(Muon, "step", recording_step)
     log_dir = str(modern_runs["tmp"] / "rates")
     train_gpt2.main([*modern_runs["flags"], "--log_dir", log_dir, "--max_steps", "3", "--eval_every", "0"])
     want = [train_gpt2.get_lr(s, 3e-3, 3e-4, 2, 3) * 0.02 / 3e-3 for s in range(3)]

@@ -1,0 +1,264 @@
+"""nanogpt.muon's Muon against torch.optim.Muon, the reference whose update it batches: the same weights after steps
+of mixed shapes (square, tall, wide, several of one shape), state dicts that load both ways, found_inf's skip (bit for
+bit, without the host reading it), the ops a step costs per added matrix, and the step shared by two gloo processes.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/test_muon.py     # -m "not slow": without the two processes
+"""
+
+import collections
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nanogpt.muon import Muon, adjusted_lr, stacked
+from nanogpt.optimizers import MuonWithAdamW, muon_with_adamw, step_if_finite
+
+# square, tall (transposed in and out), wide, and several of one shape (a stack of 3, odd for two ranks' padding)
+SHAPES = [(16, 16), (48, 16), (48, 16), (48, 16), (16, 40), (16, 40), (24, 32)]
+LR, STEPS = 0.02, 3
+# How far two correct implementations may differ: both run the same bf16 Newton-Schulz, and summing a matmul's
+# products in another order (another kernel, a batched one) can flip the bf16 rounding of a result by one unit in
+# the last place. The orthogonalised update's entries are below 2 (its singular values end in ~(0.7, 1.2), and no
+# entry exceeds the largest), where a bf16 ulp is 2^-7; we allow 2 ulps of every entry per step, scaled by the
+# step's rate: |dw| <= STEPS * adjusted_lr * 2^-6. On this CPU the two agree bit for bit; the bound is for kernels
+# that sum in another order. test_the_tolerance_sees_a_wrong_update checks that it is tight enough to matter.
+ULPS_PER_STEP = 2 * 2 ** -7
+
+
+def tolerance(shape, steps=STEPS):
+    return steps * adjusted_lr(LR, None, shape) * ULPS_PER_STEP
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    pass
+
+
+def matrices(shapes=SHAPES, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
+
+
+def twin(params):
+    return [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+
+def set_gradients(groups, step, bad=False):
+    """The same random gradients (a function of step) on each list of groups; bad: an inf and a NaN in them."""
+    generator = torch.Generator().manual_seed(100 + step)
+    for i, grad in enumerate(torch.randn(p.shape, generator=generator) for p in groups[0]):
+        if bad and i < 2:
+            grad[0, i] = float("inf") if i == 0 else float("nan")
+        for params in groups:
+            params[i].grad = grad.clone()
+
+
+def buffers(optimizer, params):
+    return [optimizer.state[p]["momentum_buffer"] for p in params]
+
+
+def assert_close_weights(ours, theirs, steps=STEPS):
+    for p, q in zip(ours, theirs):
+        diff = (p - q).abs().max().item()
+        assert diff <= tolerance(p.shape, steps), (tuple(p.shape), diff, tolerance(p.shape, steps))
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_update_is_torch_optim_muons(nesterov):
+    ours = matrices()
+    theirs = twin(ours)
+    muon = Muon(ours, lr=LR, weight_decay=0.1, nesterov=nesterov)
+    reference = torch.optim.Muon(theirs, lr=LR, weight_decay=0.1, nesterov=nesterov)
+    for step in range(STEPS):
+        set_gradients([ours, theirs], step)
+        muon.step()
+        reference.step()
+    assert_close_weights(ours, theirs)
+    assert all(torch.equal(a, b) for a, b in zip(buffers(muon, ours), buffers(reference, theirs)))  # fp32, exact
+    assert stacked(buffers(muon, ours)[1:4]) is not None  # the three (48, 16) momentum buffers are one tensor
+
+
+def test_the_tolerance_sees_a_wrong_update():
+    """Nesterov's momentum left out after one step moves some weight by more than the tolerance allows."""
+    ours = matrices()
+    theirs = twin(ours)
+    muon, reference = Muon(ours, lr=LR, nesterov=False), torch.optim.Muon(theirs, lr=LR, nesterov=True)
+    for step in range(2):
+        set_gradients([ours, theirs], step)
+        muon.step()
+        reference.step()
+    assert any((p - q).abs().max() > tolerance(p.shape, 2) for p, q in zip(ours, theirs))
+
+
+def adamw_beside(params, fused=False):
+    return torch.optim.AdamW([{"params": params, "lr_scale": 1.0}], lr=1e-3, fused=fused)
+
+
+def test_state_dicts_load_both_ways(tmp_path):
+    """MuonWithAdamW's state dict holding torch.optim.Muon's (checkpoints before nanogpt.muon) loads into ours, and
+    ours into torch's, through torch.save and torch.load(weights_only=True) as checkpoints go; each continues as the
+    one that saved it would."""
+    for saver_class, loader_class in ((torch.optim.Muon, Muon), (Muon, torch.optim.Muon)):
+        saved_params, bias = matrices(), torch.nn.Parameter(torch.zeros(16))
+        saver = MuonWithAdamW(saver_class([{"params": saved_params, "lr_scale": 20.0}], lr=LR, weight_decay=0.0),
+                              adamw_beside([bias]), momentum_warmup=4)
+        for step in range(2):
+            set_gradients([saved_params], step)
+            bias.grad = torch.ones(16)
+            saver.step()
+        torch.save(saver.state_dict(), tmp_path / "state.pt")
+        state = torch.load(tmp_path / "state.pt", weights_only=True)
+
+        loaded_params = twin(saved_params)
+        loader = MuonWithAdamW(loader_class([{"params": loaded_params, "lr_scale": 20.0}], lr=LR, weight_decay=0.0),
+                               adamw_beside([torch.nn.Parameter(bias.detach().clone())]), momentum_warmup=4)
+        loader.load_state_dict(state)
+        assert state["muon"]["param_groups"][0].keys() == loader.muon.state_dict()["param_groups"][0].keys()
+        loaded = buffers(loader.muon, loaded_params)
+        assert all(torch.equal(a, b) for a, b in zip(buffers(saver.muon, saved_params), loaded))
+        assert loader_class is not Muon or stacked(loaded[1:4]) is not None  # ours: restacked as it loads
+        assert loader.steps == 2
+        for step in range(2, 4):
+            set_gradients([saved_params, loaded_params], step)
+            saver.step()
+            loader.step()
+        assert_close_weights(saved_params, loaded_params, steps=2)
+
+
+def test_ours_saves_torchs_layout():
+    ours = matrices()
+    theirs = twin(ours)
+    muon, reference = Muon(ours, lr=LR), torch.optim.Muon(theirs, lr=LR)
+    set_gradients([ours, theirs], 0)
+    muon.step()
+    reference.step()
+    mine, its = muon.state_dict(), reference.state_dict()
+    assert mine["param_groups"] == its["param_groups"]
+    assert mine["state"].keys() == its["state"].keys()
+    assert all(mine["state"][i].keys() == {"momentum_buffer"} and mine["state"][i]["momentum_buffer"].shape
+               == its["state"][i]["momentum_buffer"].shape for i in its["state"])
+
+
+class CountedOps(TorchDispatchMode):
+    """The aten ops run inside it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+HOST_READS = {"_local_scalar_dense", "is_nonzero", "nonzero", "item"}  # .item(), bool(), nonzero: the host waits
+
+
+@pytest.mark.parametrize("found", [0.0, 1.0])
+def test_found_inf_skips_on_the_device_bit_for_bit(found):
+    """found_inf 1: weights and momentum buffers exactly as before, though the gradients hold inf and NaN; 0: the
+    step without it, bit for bit (weight decay on). Neither reads found_inf on the host."""
+    ours = matrices()
+    plain = twin(ours)
+    muon, reference = Muon(ours, lr=LR, weight_decay=0.1), Muon(plain, lr=LR, weight_decay=0.1)
+    set_gradients([ours, plain], 0)
+    muon.step()  # momentum buffers to keep
+    reference.step()
+    before = [p.detach().clone() for p in ours], [b.clone() for b in buffers(muon, ours)]
+    set_gradients([ours, plain], 1, bad=found == 1.0)
+    muon.found_inf = torch.tensor(found)
+    with CountedOps() as counted:
+        muon.step()
+    assert not HOST_READS & set(counted.ops), counted.ops
+    if found:
+        assert all(torch.equal(p, b) for p, b in zip(ours, before[0]))
+        assert all(torch.equal(a, b) for a, b in zip(buffers(muon, ours), before[1]))
+    else:
+        reference.step()
+        assert all(torch.equal(p, q) for p, q in zip(ours, plain))
+        assert all(torch.equal(a, b) for a, b in zip(buffers(muon, ours), buffers(reference, plain)))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_non_finite_step_is_skipped_by_muon_and_adamw_together(fused):
+    """step_if_finite: with a fused AdamW (the CPU has one too) beside Muon the skip is decided on the device, the
+    host reading nothing before the step; with the foreach AdamW the host reads the verdict. Either way a NaN leaves
+    weights and state as they were, and a finite step is the plain step, bit for bit."""
+    params, bias = matrices(), torch.nn.Parameter(torch.ones(16))
+    plain, plain_bias = twin(params), torch.nn.Parameter(torch.ones(16))
+    optimizer = muon_with_adamw(params, adamw_beside([bias], fused=fused), LR, 1e-3)
+    reference = muon_with_adamw(plain, adamw_beside([plain_bias], fused=fused), LR, 1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step, bad in ((0, False), (1, True), (2, False)):
+        set_gradients([params, plain], step, bad=bad)
+        bias.grad = plain_bias.grad = torch.full((16,), float("nan") if bad else 0.5)
+        before = [p.detach().clone() for p in [*params, bias]]
+        loss = torch.tensor(float("nan") if bad else 1.0)
+        with CountedOps() as counted:
+            finite = step_if_finite(optimizer, scaler, loss, torch.tensor(1.0))
+        assert bool(HOST_READS & set(counted.ops)) == (not fused), counted.ops
+        assert bool(finite) == (not bad)
+        if bad:
+            assert all(torch.equal(p, b) for p, b in zip([*params, bias], before))
+        else:
+            reference.step()
+            assert all(torch.equal(p, q) for p, q in zip([*params, bias], [*plain, plain_bias]))
+    assert all(torch.equal(a, b) for a, b in zip(buffers(optimizer.muon, params), buffers(reference.muon, plain)))
+
+
+def ops_of_a_step(optimizer_class, n_same_shape):
+    """aten ops of a second step (the momentum buffers exist) over n_same_shape (24, 16) matrices and three others."""
+    params = matrices([(24, 16)] * n_same_shape + [(16, 16), (48, 16), (16, 40)])
+    optimizer = optimizer_class(params, lr=LR, weight_decay=0.1)
+    for step in range(2):
+        set_gradients([params], step)
+        if step:
+            with CountedOps() as counted:
+                optimizer.step()
+        else:
+            optimizer.step()
+    return sum(counted.ops.values())
+
+
+def test_a_step_costs_at_most_6_ops_per_added_matrix():
+    n, k = 2, 6
+    ours = (ops_of_a_step(Muon, n + k) - ops_of_a_step(Muon, n)) / k
+    torchs = (ops_of_a_step(torch.optim.Muon, n + k) - ops_of_a_step(torch.optim.Muon, n)) / k
+    assert ours <= 6, f"{ours} ops per added matrix (torch.optim.Muon: {torchs})"
+    assert torchs > 6, torchs  # the count sees per-matrix work
+
+
+def sharded_steps(rank, world_size, init_file, out_dir):
+    """A spawned rank: STEPS steps of Muon sharded over the gloo group, its weights saved."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        params = matrices()
+        muon = Muon(params, lr=LR, weight_decay=0.1, process_group=dist.group.WORLD)
+        for step in range(STEPS):
+            set_gradients([params], step)  # every rank the same, as DDP's all-reduce leaves them
+            muon.step()
+        torch.save([p.detach() for p in params], os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes: the full suite's (~9 s on a busy 2-core machine, most of it importing torch twice)
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_two_gloo_processes_share_the_step_and_end_alike(tmp_path):
+    """Each rank orthogonalises half of each shape's stack (the stack of 3 padded to 4) and all-gathers the rest:
+    both end with the same weights, the one process's within the tolerance."""
+    mp.spawn(sharded_steps, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)  # (not fork: OpenMP's pool)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(rank0, rank1))
+    alone = matrices()
+    muon = Muon(alone, lr=LR, weight_decay=0.1)
+    for step in range(STEPS):
+        set_gradients([alone], step)
+        muon.step()
+    assert_close_weights(rank0, alone)
