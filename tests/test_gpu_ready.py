@@ -7,15 +7,14 @@ host issues, and those that make it wait for the device (a tensor's value read o
     python -m pytest -q tests/test_gpu_ready.py
 """
 
-import contextlib
+import importlib.util
 import os
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import train_gpt2
-from conftest import TINY_FLAGS, make_shards, write_hellaswag
+from conftest import ROOT, TINY_FLAGS, make_shards, write_hellaswag
 from nanogpt.run import Run
 
 pytestmark = pytest.mark.xdist_group("gpu_ready")
@@ -101,3 +100,43 @@ def test_a_micro_batch_that_did_not_fit_leaves_training_a_static_graph(shards, t
     # the candidates that did not fit (8, 4) raise before their graph is whole; the one that fits is compiled once,
     # before any step, with static shapes, and training runs it
     assert training and all(not g["dynamic"] and g["after_step"] == 0 for g in training), recorder.graphs
+
+
+# -----------------------------------------------------------------------------
+# The host's work per training step
+
+
+def host_work_of(shards, tmp_path, n_layer, *extra):
+    """bench/host_work.py's counts of the second of three eager steps (2 micro-steps each), evaluations off."""
+    spec = importlib.util.spec_from_file_location("host_work", os.path.join(ROOT, "bench", "host_work.py"))
+    host_work = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_work)
+    data, _ = shards
+    flags = [*TINY_FLAGS, "--n_layer", str(n_layer), "--data_dir", data, "--log_dir", str(tmp_path / f"log{n_layer}"),
+             "--max_steps", "3", "--total_batch_size", "256", "--batch_size", "4", "--seq_len", "32",
+             "--eval_every", "0", "--save_every", "0", *extra]
+    return host_work.count_ours(flags)[1]
+
+
+@pytest.mark.parametrize("recipe", ["gpt2", "speedrun"])
+def test_a_step_waits_once_and_its_host_work_does_not_grow_with_the_model(shards, tmp_path, recipe):
+    """With the GPU's AdamW (fused): no read of a device value before the optimizer's step, one in all (the step's
+    loss, norm and verdict, after it); the operations outside the model and the optimizer, and the fused AdamW's,
+    the same for 2 and 4 layers; Muon's at most 6 more per matrix added (its stacks are per shape)."""
+    small, large = (host_work_of(shards, tmp_path, n, "--recipe", recipe, "--fused_adamw") for n in (2, 4))
+    for step in (small, large):
+        assert step["host reads before the optimizer"] == 0, step
+        assert 1 <= step["host reads"] <= 3, step
+    assert small["host ops"] == large["host ops"], (small, large)
+    assert large["model ops"] > small["model ops"]  # the counter sees the model's work grow
+    matrices_added = 2 * (6 if recipe == "speedrun" else 4)  # per block: q, k, v, out, fc, proj; GPT-2: qkv, out, fc, proj
+    assert large["optimizer ops"] - small["optimizer ops"] <= 6 * matrices_added, (small, large)
+    if recipe == "gpt2":
+        assert large["optimizer ops"] == small["optimizer ops"]
+
+
+def test_the_cpus_foreach_adamw_is_decided_on_the_host(shards, tmp_path):
+    """The CPU's default AdamW (foreach, build-nanogpt's numbers) cannot take found_inf: the host reads the verdict
+    before the step, its one read there (a CPU does not wait for it)."""
+    step = host_work_of(shards, tmp_path, 2)
+    assert step["host reads before the optimizer"] == 1, step
