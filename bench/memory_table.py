@@ -36,6 +36,8 @@ from contextlib import nullcontext
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from nanogpt.arguments import GPU_CONTEXT_BYTES, GPU_FRAGMENTATION, fits_on_gpu  # noqa: E402
+
 GiB = 2**30
 MiB = 2**20
 # glibc: blocks of 64 KiB and more mapped on their own and unmapped when freed (save_memory.py does the same)
@@ -209,8 +211,6 @@ VARIANTS = {"gpt2": "--recipe gpt2", "gpt2 recompute": "--recipe gpt2 --recomput
             "speedrun chunked": "--recipe speedrun --loss_impl chunked",
             "speedrun both": "--recipe speedrun --recompute --loss_impl chunked"}
 CARDS_GIB = (24, 40, 80)
-CONTEXT_GIB = 1.0  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
-FRAGMENTATION = 0.10  # the caching allocator's reserved memory over its allocated, as a share of the peak
 # (cells where the peak is not logsumexp's temporary inside the kernel, which tracing does not see)
 TRACED = [("d12", "gpt2", 1), ("d12", "gpt2", 8), ("d12", "modern chunked", 16), ("d24", "modern recompute", 4),
           ("d24", "speedrun both", 16)]
@@ -221,7 +221,7 @@ def gpu_argv(model, variant, batch_size):
 
 
 def fits(peak_bytes, card_gib):
-    return peak_bytes * (1 + FRAGMENTATION) + CONTEXT_GIB * GiB <= card_gib * GiB
+    return fits_on_gpu(peak_bytes, card_gib * GiB)
 
 
 def gpu(trace=True):
@@ -239,7 +239,7 @@ def gpu(trace=True):
             options = " ".join(f for f in flags.split()[2:]) or "-"
             print(f"| {variant.split()[0]} | {options} | " + " | ".join(row) + " |")
     print(f"\nThe micro-batch --batch_size auto would take (computed: the largest of {', '.join(map(str, BATCH_SIZES))} "
-          f"whose peak x {1 + FRAGMENTATION:.2f} + {CONTEXT_GIB:g} GiB fits; 524,288 tokens a step on one "
+          f"whose peak x {1 + GPU_FRAGMENTATION:.2f} + {GPU_CONTEXT_BYTES / GiB:g} GiB fits; 524,288 tokens a step on one "
           "GPU):\n")
     print("| model | recipe | " + " | ".join(f"{c} GiB" for c in CARDS_GIB) + " |")
     print("| --- | --- |" + " --- |" * len(CARDS_GIB))

@@ -256,11 +256,28 @@ def estimated_bytes(config, n_params, B, T, dtype, optimizer="adamw", recompute=
                                     device_type).values())
 
 
-def run_estimated_bytes(config, n_params, args, batch_size, dtype, device_type):
+def run_estimated_bytes(config, n_params, args, batch_size, dtype, device_type, shards=1):
     """estimated_bytes of this run (its --seq_len, --optimizer, --recompute, --loss_impl) at a micro-batch: the one
-    estimate of check_memory's refusal and of --batch_size auto's CPU pre-filter."""
-    return estimated_bytes(config, n_params, batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
-                           args.loss_impl, device_type)
+    estimate of check_memory's refusal and of --batch_size auto's pick without a trial (a CPU's, --fsdp's). shards:
+    --fsdp's ranks, each holding its share of the weights, their gradients and AdamW's state (16 bytes a parameter)
+    and, gathered for its forward and backward, two Blocks' weights and gradients at once (one prefetched)."""
+    estimate = estimated_bytes(config, n_params, batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
+                               args.loss_impl, device_type)
+    if shards == 1:
+        return estimate
+    block = (n_params - config.vocab_size * config.n_embd) // config.n_layer  # at most a Block's parameters
+    return estimate - 16 * n_params * (shards - 1) // shards + 2 * 8 * block
+
+
+GPU_CONTEXT_BYTES = 2**30  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
+GPU_FRAGMENTATION = 0.10  # the caching allocator's reserved memory over its allocated, as a share of the peak
+
+
+def fits_on_gpu(peak_bytes, gpu_bytes):
+    """Whether a training process whose tensors peak at peak_bytes fits a GPU of gpu_bytes (with the allocator's
+    fragmentation and the CUDA context beside them): the rule of docs/speed.md's table of cards, and of --fsdp's
+    micro-batch under --batch_size auto, against the GPU's free memory."""
+    return peak_bytes * (1 + GPU_FRAGMENTATION) + GPU_CONTEXT_BYTES <= gpu_bytes
 
 
 def available_memory_bytes():

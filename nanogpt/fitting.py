@@ -38,16 +38,23 @@ def fits_by_trial(args, ckpt, device_type):
     return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
 
 
-def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size):
+def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size,
+                       free_gpu_bytes=None):
     """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
     up to --batch_size (auto: the preset's micro-batch); on a CPU, whose out-of-memory the kernel answers by killing
-    the process, the largest whose estimated memory (arguments.run_estimated_bytes) is available."""
+    the process, the largest whose estimated memory (arguments.run_estimated_bytes) is available; under --fsdp on a
+    GPU, which takes no trial (a sharded step's collectives cannot be tried one process at a time), the largest whose
+    estimate, its weights and their state sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
-    have = arguments.available_memory_bytes() if device_type == "cpu" else None
-    if have is not None:
+    if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
         candidates = [b for b in candidates
                       if arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type) * local_world_size <= have
+                      ] or candidates[-1:]
+    elif device_type == "cuda" and args.fsdp and world_size > 1:
+        free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
+        candidates = [b for b in candidates if arguments.fits_on_gpu(
+            arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type, shards=world_size), free)
                       ] or candidates[-1:]
     return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
 

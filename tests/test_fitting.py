@@ -157,3 +157,31 @@ def test_torchrun_processes_agree_on_the_smallest_fit(tmp_path):
     by_hand = torchrun(2, *tiny_run(data, tmp_path / "by_hand", 2))
     assert by_hand.returncode == 0, by_hand.stderr[-3000:]
     logs_and_weights_equal(str(tmp_path / "auto"), str(tmp_path / "by_hand"))
+
+
+def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_free_memory():
+    """--fsdp takes no trial: on a GPU its micro-batch is the largest whose estimated peak (sharded weights and
+    state) fits the free memory, by the rule of docs/speed.md's table of cards. d24 at 64 x 1024 needs ~99 GiB a
+    rank (docs/speed.md "Memory"): an 80 GB card takes less, a larger free memory never a smaller one, and sharding
+    across more ranks never a smaller one either."""
+    from nanogpt import arguments
+    from nanogpt.fitting import largest_batch_size
+
+    GiB = 2**30
+    args = train_gpt2.parse_args(["--model", "d24", "--fsdp", "--dtype", "bf16"])
+    config = train_gpt2.model_config(args)
+    with torch.device("meta"):
+        n_params = train_gpt2.make_gpt(config).num_params()
+
+    def pick(free_gib, world_size=8):
+        return largest_batch_size(args, 64, config, n_params, "bf16", "cuda", world_size, world_size,
+                                  free_gpu_bytes=lambda: free_gib * GiB)
+
+    sizes = (24, 40, 80, 160)
+    picks = [pick(gib) for gib in sizes]
+    assert picks[2] < 64 and picks == sorted(picks) and picks[-1] == 64, picks
+    for gib, b in zip(sizes, picks):  # the pick fits, and the next candidate up (twice it, here) would not
+        fits = [arguments.fits_on_gpu(arguments.run_estimated_bytes(config, n_params, args, size, "bf16", "cuda",
+                                                                    shards=8), gib * GiB) for size in (b, 2 * b)]
+        assert fits[0] and (b == 64 or not fits[1]), (gib, b, fits)
+    assert pick(40, world_size=2) <= pick(40, world_size=8)
