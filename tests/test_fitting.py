@@ -68,7 +68,9 @@ def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monk
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
     train_gpt2.main(tiny_run(data, tmp_path / "auto"))
     out = capsys.readouterr().out
-    assert "--batch_size auto: 8, 4 did not fit; micro-batch 2" in out
+    # one line: what was tried, what fit, and the split, which the header (micro_batches_per_step's) confirms
+    assert "--batch_size auto: 8, 4 did not fit; micro-batch 2: 2 x 32 tokens x 1 process x 4 accumulation steps = " \
+           "256 tokens a step\n" in out
     assert "total batch 256 tokens = 2 x 32 x 1 ranks x 4 accumulation steps" in out
     assert torch.load(os.path.join(tmp_path / "auto", "model_00005.pt"), weights_only=True)["args"]["batch_size"] == 2
     train_gpt2.main([*tiny_run(data, tmp_path / "by_hand", 2)])
@@ -79,7 +81,11 @@ def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monk
 def test_auto_when_everything_fits_takes_the_cap(tmp_path, capsys):
     data = make_shards(str(tmp_path / "data"))
     train_gpt2.main(tiny_run(data, tmp_path / "auto"))
-    assert "total batch 256 tokens = 8 x 32 x 1 ranks x 1 accumulation steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "total batch 256 tokens = 8 x 32 x 1 ranks x 1 accumulation steps" in out
+    # said when the first candidate fits too
+    assert "--batch_size auto: tried 8 first, it fits; micro-batch 8: 8 x 32 tokens x 1 process x 1 accumulation " \
+           "step = 256 tokens a step\n" in out
     train_gpt2.main([*tiny_run(data, tmp_path / "by_hand", 8)])
     logs_and_weights_equal(str(tmp_path / "auto"), str(tmp_path / "by_hand"))
 
