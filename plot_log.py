@@ -335,7 +335,8 @@ def log_paths(logs):
     for log in logs:
         path = os.path.join(log, "log.txt") if os.path.isdir(log) else log
         if os.path.isdir(log) and not os.path.isfile(path):
-            raise UserError(f"{log} holds no log.txt; give a run's --log_dir (train_gpt2.py writes log.txt there)")
+            raise UserError(f"{path} does not exist: {log} holds no run's log.txt (train_gpt2.py writes it into "
+                            "--log_dir); give a run's log folder")
         runs.append((os.path.basename(os.path.dirname(os.path.abspath(path))) or path, path))
     names = [name for name, _ in runs]
     for name, path in runs:

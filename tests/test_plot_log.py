@@ -493,7 +493,7 @@ def test_bad_comparisons_are_one_line(tmp_path):
     (tmp_path / "other" / "a").mkdir(parents=True)
     write(tmp_path / "other" / "a" / "log.txt", RUNS["b"])
     out = str(tmp_path / "x.png")
-    for logs, needles in (([folders[0], str(tmp_path / "empty")], [f"{tmp_path / 'empty'} holds no log.txt"]),
+    for logs, needles in (([folders[0], str(tmp_path / "empty")], [f"{tmp_path / 'empty'} holds no run's log.txt"]),
                           ([folders[0], str(tmp_path / "other" / "a")], ["two runs are named a"]),
                           ([folders[0], os.path.join(folders[0], "log.txt")], ["two runs are named a"])):
         assert_one_line_error(run_script(["plot_log.py", *logs, "--out", out]), *needles)
