@@ -380,8 +380,8 @@ def main(argv=None):
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None
     except (ArithmeticError, ValueError) as e:  # values near float's limit (1e308): the axes cannot scale
-        raise UserError(f"{runs[-1][1] if len(runs) == 1 else 'a log'}: its values are too large to draw "
-                        f"({type(e).__name__}: {e})") from None
+        whose = f"{runs[0][1]}: its" if len(runs) == 1 else f"{', '.join(path for _, path in runs)}: their"
+        raise UserError(f"{whose} values are too large to draw ({type(e).__name__}: {e})") from None
     print(f"wrote {out}")
     return out
 
