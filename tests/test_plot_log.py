@@ -471,7 +471,8 @@ def test_x_tokens_uses_each_runs_total_batch_size(tmp_path, monkeypatch):
 
     a, b = run_folders(tmp_path, {"a": RUNS["a"], "b": RUNS["b"]})
     for folder, tokens in ((a, 4096), (b, 1024)):
-        torch.save({"args": {"total_batch_size": tokens, "batch_size_warmup_tokens": 0}}, os.path.join(folder, "model_00004.pt"))
+        torch.save({"args": {"total_batch_size": tokens, "batch_size_warmup_tokens": 0}},
+                   os.path.join(folder, "model_00004.pt"))
     torch.save({"args": {"total_batch_size": 1}}, os.path.join(a, "model_00001.pt"))  # older: not the one read
     _, fig = drawn_figure(monkeypatch, [a, b, "--x", "tokens", "--out", str(tmp_path / "t.png")])
     drawn = plot_log.plotted(fig)
