@@ -5,6 +5,8 @@ Plot a training run's log.txt as one PNG: losses, HellaSwag, CORE, and every oth
     python plot_log.py log --out run1.png           # a log folder works too
     python plot_log.py log --smooth 50              # + a 50-step moving average of the train loss
     python plot_log.py log --no_zoom                # the loss axis fits every train and val point
+    python plot_log.py log/a log/b log/c            # runs compared: ./compare.png, one colour a run
+    python plot_log.py log/a log/b --x tokens       # aligned by tokens trained on instead of by step
 
 log.txt is what train_gpt2.py writes, build-nanogpt's format: one `<step> <kind> <value>` per line,
 where kind is any word. `<step> skipped <loss>` marks a non-finite step that was not applied: it is not
@@ -26,9 +28,14 @@ points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still
 A reference line is drawn only where it lies inside the panel's y-range, which the run's values (and the
 zoom) set and the line never widens, so a short run's curves are not squashed by it.
 
+Several logs are drawn on the same panels, one colour a run, each line's legend naming the run (its log folder's
+name) and its last value; --x tokens puts the tokens trained on before each step on the x-axis (step x the run's
+--total_batch_size, read from the newest checkpoint beside its log, which needs torch; a log without one, or a run
+whose batch grew with --batch_size_warmup_tokens, is refused in one line).
+
 --out must end in .png and be a new file or an existing PNG (or a FIFO or character device, written in place):
 the log itself, or any other existing file that is not a PNG, is refused, so a slip of the command line cannot
-destroy a log. This module does not import torch.
+destroy a log. This module does not import torch, except to read a checkpoint's --total_batch_size for --x tokens.
 """
 
 import math
@@ -48,6 +55,7 @@ ZOOM = (2.8, 4.0)  # loss range where runs are compared: build-nanogpt's play.ip
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KIND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")  # a word: what a log line's second field may be
 LOSS_PANEL, HELLA_PANEL, CORE_PANEL = "loss", "HellaSwag", "CORE"
+COMPARISON = "compare.png"  # --out's default for several logs
 MAX_POINTS = 10_000  # per line drawn: a panel is ~700 pixels wide; millions of points overflow Agg's path limit
 
 
@@ -129,11 +137,12 @@ def panels(series):
     return out
 
 
-def loss_range(ax, series, kinds):
-    """The loss panel zoomed to ZOOM once the run has come down through its top, cropping only the train loss
-    (and its mean): the range is widened to hold every point of the other losses (val, ...) with a 5% margin."""
-    points = [v for kind in kinds for v in finite(*series[kind])[1]]
-    evals = [v for kind in kinds if kind != "train" for v in finite(*series[kind])[1]]
+def loss_range(ax, lines):
+    """The loss panel zoomed to ZOOM once the runs have come down through its top, cropping only the train loss
+    (and its mean): the range is widened to hold every point of the other losses (val, ...) with a 5% margin.
+    lines: [(kind, finite values)] of every run on the panel."""
+    points = [v for _, values in lines for v in values]
+    evals = [v for kind, values in lines if kind != "train" for v in values]
     (bottom, top), lowest = ZOOM, min(points)
     if not lowest < top < max(points):
         return
@@ -159,11 +168,23 @@ def label_of(kind, values):
 
 
 def build_figure(series, title=None, smooth=0, zoom=True):
-    """The plot of parsed log series as a matplotlib Figure (not shown, not saved; no pyplot state). zoom: the loss
-    panel's (loss_range); else it fits every point."""
+    """The plot of one run's parsed log series as a matplotlib Figure (not shown, not saved; no pyplot state). zoom:
+    the loss panel's (loss_range); else it fits every point."""
+    return build_comparison([(None, series, None)], title=title, smooth=smooth, zoom=zoom)
+
+
+def build_comparison(runs, title=None, smooth=0, zoom=True):
+    """The plot of several runs on the same panels as a Figure: runs is [(name, series, tokens_per_step)]; each run
+    has a colour of its own and its name first in each of its legend labels (one run named None: the single-log
+    plot, in matplotlib's colours). tokens_per_step None: x is the step; else step x tokens_per_step, the tokens
+    trained on before the step. A panel is drawn when any run has its kinds."""
     from matplotlib.figure import Figure
 
-    groups = panels(series)
+    groups = {}
+    for _, series, _ in runs:
+        for name, kinds in panels(series):
+            groups.setdefault(name, [])
+            groups[name] += [k for k in kinds if k not in groups[name]]
     if not groups:
         raise UserError("the log holds no finite values to plot")
     cols = min(len(groups), 3)
@@ -172,23 +193,36 @@ def build_figure(series, title=None, smooth=0, zoom=True):
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(groups):]:
         fig.delaxes(ax)
-    for ax, (name, kinds) in zip(axes, groups):
-        for kind in kinds:
-            steps, values = finite(*series[kind])
-            if name == LOSS_PANEL and kind == "train":
-                style = dict(lw=0.8, alpha=0.4 if smooth > 1 else 0.8)
-            elif len(steps) > 30:
-                style = dict(lw=1.2)
-            else:
-                style = dict(lw=1.5, marker=".")
-            ax.plot(*thinned(steps, values), label=label_of(kind, values), **style)
-            if name == LOSS_PANEL and kind == "train" and smooth > 1 and values:
-                avg = moving_average(values, smooth)
-                ax.plot(*thinned(steps, avg), lw=1.5, color=ax.lines[-1].get_color(),
-                        label=f"train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
+    by_tokens = runs[0][2] is not None
+    for ax, (name, kinds) in zip(axes, groups.items()):
+        drawn = []
+        for i, (run, series, per_step) in enumerate(runs):
+            color = {} if run is None else {"color": f"C{i % 10}"}
+            prefix = "" if run is None else f"{run}: "
+            for kind in kinds:
+                if kind not in series:
+                    continue
+                steps, values = finite(*series[kind])
+                if not steps:
+                    continue
+                drawn.append((kind, values))
+                if name == LOSS_PANEL and kind == "train":
+                    style = dict(lw=0.8, alpha=0.4 if smooth > 1 else 0.8)
+                elif len(steps) > 30:
+                    style = dict(lw=1.2)
+                else:
+                    style = dict(lw=1.5, marker=".")
+                if run is not None and name == LOSS_PANEL and kind not in ("train", "val"):
+                    style["ls"] = "--"
+                ax.plot(*x_of(thinned(steps, values), per_step), label=prefix + label_of(kind, values),
+                        **style, **color)
+                if name == LOSS_PANEL and kind == "train" and smooth > 1 and values:
+                    avg = moving_average(values, smooth)
+                    ax.plot(*x_of(thinned(steps, avg), per_step), lw=1.5, color=ax.lines[-1].get_color(),
+                            label=f"{prefix}train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
         if name == LOSS_PANEL:
             if zoom:
-                loss_range(ax, series, kinds)
+                loss_range(ax, drawn)
             reference_lines(ax, [(GPT2_124M_VAL_LOSS, "r", f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")])
             ax.set_ylabel("loss")
         elif name == HELLA_PANEL:
@@ -203,13 +237,51 @@ def build_figure(series, title=None, smooth=0, zoom=True):
         else:
             ax.set_ylabel(name)
         ax.set_title(name)
-        ax.set_xlabel("step")
+        ax.set_xlabel("tokens" if by_tokens else "step")
         ax.legend()
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def x_of(points, per_step):
+    """(x, values) of (steps, values): the steps, or the tokens trained on before each (step x per_step)."""
+    steps, values = points
+    return (steps if per_step is None else [s * per_step for s in steps]), values
+
+
+def plotted(fig):
+    """{panel title: {line label: (x, y)}}: what a Figure draws, read back from its lines (reference lines too)."""
+    return {ax.get_title(): {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+            for ax in fig.axes}
+
+
+def tokens_per_step(path):
+    """Tokens trained on per step by the run whose log is path: its --total_batch_size, read from the newest
+    checkpoint beside the log (log.txt itself holds steps only). UserError when there is none, or when the batch
+    grew over the run (--batch_size_warmup_tokens), so that its steps are not of equal tokens."""
+    folder = os.path.dirname(os.path.abspath(path))
+    from nanogpt.checkpoints import find_checkpoints  # torch: only for --x tokens
+
+    found = find_checkpoints(folder)
+    if not found:
+        raise UserError(f"{path}: its log records steps, not tokens, and no model_<step>.pt beside it gives the run's "
+                        "--total_batch_size; plot it with --x step")
+    import torch
+
+    try:
+        args = torch.load(found[0], map_location="cpu", weights_only=True, mmap=True).get("args") or {}
+    except Exception as e:  # noqa: BLE001 (any unreadable checkpoint is the same answer)
+        raise UserError(f"{found[0]}: cannot read the run's --total_batch_size from it ({type(e).__name__}); "
+                        "plot with --x step") from None
+    if not isinstance(args.get("total_batch_size"), int):
+        raise UserError(f"{found[0]} holds no --total_batch_size; plot with --x step")
+    if args.get("batch_size_warmup_tokens"):
+        raise UserError(f"{path}: the run's batch grew over its first {args['batch_size_warmup_tokens']:,} tokens "
+                        "(--batch_size_warmup_tokens), so its steps are not of equal tokens; plot it with --x step")
+    return args["total_batch_size"]
 
 
 def check_out(out, log_path):
@@ -237,10 +309,15 @@ def check_out(out, log_path):
 def build_parser():
     p = CLIParser(description="Plot the curves of a train_gpt2.py run's log.txt (losses, HellaSwag, CORE, any other "
                               "logged kind) as one PNG.")
-    p.add_argument("log", help="log.txt of a run, or its log folder")
+    p.add_argument("log", nargs="+",
+                   help="log.txt of a run, or its log folder; several runs (each named by its folder) are compared "
+                        "on the same panels, one colour a run")
     p.add_argument("--out", default=None,
-                   help="PNG to write, ending in .png: a new file or an existing PNG, never the log "
-                        "(default: plot.png beside the log)")
+                   help="PNG to write, ending in .png: a new file or an existing PNG, never a log "
+                        f"(default: plot.png beside the log; {COMPARISON} in the current folder for several logs)")
+    p.add_argument("--x", default="step", choices=["step", "tokens"],
+                   help="the x-axis: the step, or the tokens trained on before it (step x the run's --total_batch_size, "
+                        "from the newest checkpoint beside its log)")
     p.add_argument("--smooth", type=int, default=0, metavar="K",
                    help="also draw the mean of the last K train-loss points at each step over the raw curve "
                         "(0 or 1 = off)")
@@ -251,30 +328,60 @@ def build_parser():
     return p
 
 
+def log_paths(logs):
+    """[(run name, log.txt path)] of the logs given (a file, or a folder holding log.txt); a run is named by its log's
+    folder. A folder without log.txt, or two runs of the same name, is a UserError."""
+    runs = []
+    for log in logs:
+        path = os.path.join(log, "log.txt") if os.path.isdir(log) else log
+        if os.path.isdir(log) and not os.path.isfile(path):
+            raise UserError(f"{path} does not exist: {log} holds no run's log.txt (train_gpt2.py writes it into "
+                            "--log_dir); give a run's log folder")
+        runs.append((os.path.basename(os.path.dirname(os.path.abspath(path))) or path, path))
+    names = [name for name, _ in runs]
+    for name, path in runs:
+        if names.count(name) > 1:
+            same = [p for n, p in runs if n == name]
+            raise UserError(f"two runs are named {name} ({same[0]} and {same[1]}): a run is named by its log's folder, "
+                            "so give each log once, from folders of different names")
+    return runs
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.smooth < 0:
         raise UserError(f"--smooth {args.smooth}: must be 0 (off) or a window of K >= 2 points")
-    path = os.path.join(args.log, "log.txt") if os.path.isdir(args.log) else args.log
-    out = args.out if args.out is not None else os.path.join(os.path.dirname(os.path.abspath(path)), "plot.png")
+    runs = log_paths(args.log)
+    if args.out is not None:
+        out = args.out
+    elif len(runs) == 1:
+        out = os.path.join(os.path.dirname(os.path.abspath(runs[0][1])), "plot.png")
+    else:
+        out = COMPARISON
     if not out:
         raise UserError("--out is empty; give a PNG file name")
-    check_out(out, path)
-    series = parse_log(path)
-    if not panels(series):
-        raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
-                        "there is nothing to draw until the run logs a finite one")
+    for _, path in runs:
+        check_out(out, path)
+    parsed = []
+    for name, path in runs:
+        series = parse_log(path)
+        if not panels(series):
+            raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
+                            "there is nothing to draw until the run logs a finite one")
+        parsed.append((name if len(runs) > 1 else None, series, tokens_per_step(path) if args.x == "tokens" else None))
+    title = runs[0][1] if len(runs) == 1 else None
     try:
         with warnings.catch_warnings():  # numpy's overflow warnings, before the error below
             warnings.simplefilter("ignore", RuntimeWarning)
-            fig = build_figure(series, title=path, smooth=args.smooth, zoom=args.zoom)
+            fig = build_comparison(parsed, title=title, smooth=args.smooth, zoom=args.zoom)
             # an existing plot is replaced only by a complete one; through a link, the PNG it points to is
             with output_file(out, "wb") as f:
                 fig.savefig(f, format="png", dpi=100)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror or e}); pick another --out") from None
     except (ArithmeticError, ValueError) as e:  # values near float's limit (1e308): the axes cannot scale
-        raise UserError(f"{path}: its values are too large to draw ({type(e).__name__}: {e})") from None
+        whose = f"{runs[0][1]}: its" if len(runs) == 1 else f"{', '.join(path for _, path in runs)}: their"
+        raise UserError(f"{whose} values are too large to draw ({type(e).__name__}: {e})") from None
     print(f"wrote {out}")
     return out
 

@@ -28,12 +28,13 @@ import torch.nn.functional as F
 from nanogpt import arguments, hf
 from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
                                  refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
-from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, brief, run_cli
+from nanogpt.cli import (CLIParser, UserError, add_system_flags, add_weights_flags, borrowed_settings, brief,
+                         name_settings_in_help, run_cli)
 from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_count, make_config, option,
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
-from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_by_trial,
-                             fits_in_memory, largest_batch_size, trial_step)
+from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees, fit_batch_size,
+                             fits_by_trial, fits_in_memory, largest_batch_size, trial_step)
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
@@ -978,8 +979,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     fit = fits_by_trial(args, ckpt, device_type)
     if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
         preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
-        args.batch_size = largest_batch_size(args, preset, config, n_params, dtype, device_type, world_size,
-                                             local_world_size)
+        args.batch_size, skipped = largest_batch_size(args, preset, config, n_params, dtype, device_type, world_size,
+                                                      local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
@@ -1012,13 +1013,18 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     # training's one graph, of static shapes; the evaluations (on every rank alone, without DDP) get their own
     model = raw_model if fsdp or not use_compile else torch.compile(raw_model, dynamic=False)
     eval_model = evaluation_model(raw_model, use_compile and not fsdp)
-    if fit and not fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
+    split = functools.partial(describe_split, seq_len=args.seq_len, world_size=world_size,
+                              total_batch_size=args.total_batch_size)
+    if fit and fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
+        run.say(f"--batch_size auto: micro-batch {args.batch_size}, the largest the memory formula fits, untried under "
+                f"--fsdp: {split(args.batch_size)}")
+    if fit and not fsdp:
         reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
         trial = functools.partial(trial_step, model, optimizer, seq_len=args.seq_len, device=device,
                                   autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
-                                         run.say)
+                                         run.say, split, skipped)
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # the summary's peak is the run's, not the trials'
     train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
@@ -1035,7 +1041,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
-    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule),
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule,
+                         borrowed_settings(args, build_parser(), RUN_PRESETS, RECIPES) if ckpt is None else ()),
               ckpt=ckpt, ckpt_path=ckpt_path,
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
@@ -1198,6 +1205,8 @@ def build_parser():
                    help="activation checkpointing: keep each Block's input only and recompute the Block in backward")
     g.add_argument("--no_recompute", dest="recompute", action="store_false",
                    help="keep all activations (turns off a resumed run's --recompute)")
+    name_settings_in_help(p, {f"--model {name}": s for name, s in RUN_PRESETS.items()},
+                          {f"--recipe {name}": s for name, s in RECIPES.items()})
     return p
 
 

@@ -223,3 +223,32 @@ def add_weights_flags(group, checkpoint=True, init_from_default=None):
     group.add_argument("--init_from", default=init_from_default,
                        help=f"{scratch}gpt2, gpt2-medium, gpt2-large, gpt2-xl (the Hugging Face hub), or a local "
                             "transformers folder of a GPT-2, Llama or Qwen3 model")
+
+
+def name_settings_in_help(parser, presets, recipes):
+    """--model's and --recipe's help list what each preset and recipe sets ({"--model tiny": {name: value}}), and
+    each flag they set says so after its own help (`--batch_size ... [--model tiny: 8]`), since --help's defaults
+    are the parser's."""
+    def flags(settings):
+        return " ".join(f"--{name} {value}" for name, value in settings.items())
+
+    actions = {a.dest: a for a in parser._actions}
+    actions["model"].help += "; " + "; ".join(f"{name.split()[1]} sets {flags(s)}" for name, s in presets.items())
+    actions["recipe"].help += "; they set: " + "; ".join(f"{name.split()[1]}: {flags(s)}" for name, s in recipes.items())
+    sources = [*presets.items(), *recipes.items()]
+    for dest, action in actions.items():
+        given = [f"{source}: {settings[dest]}" for source, settings in sources
+                 if dest in settings and settings[dest] != action.default]
+        if given:
+            action.help += f" [{'; '.join(given)}]"
+
+
+def borrowed_settings(args, parser, run_presets, recipes):
+    """[(source, {name: value})]: the settings a fresh run took from its --model preset's run settings and from its
+    --recipe (where it differs from the default recipe's), the flags the command line gave left out; for the
+    run header. parser: the one that parsed args (its defaults)."""
+    baseline = {**{k: parser.get_default(k) for k in recipes[args.recipe]}, **recipes[parser.get_default("recipe")]}
+    preset = {k: v for k, v in run_presets.get(args.model, {}).items() if k not in args.explicit}
+    recipe = {k: v for k, v in recipes[args.recipe].items()
+              if k not in args.explicit and k not in run_presets.get(args.model, {}) and v != baseline[k]}
+    return [(f"--model {args.model}", preset), (f"--recipe {args.recipe}", recipe)]

@@ -40,23 +40,35 @@ def fits_by_trial(args, ckpt, device_type):
 
 def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size,
                        free_gpu_bytes=None):
-    """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
-    up to --batch_size (auto: the preset's micro-batch); on a CPU, whose out-of-memory the kernel answers by killing
-    the process, the largest whose estimated memory (arguments.run_estimated_bytes) is available; under --fsdp on a
-    GPU, which takes no trial (a sharded step's collectives cannot be tried one process at a time), the largest whose
-    estimate, its weights and their state sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
+    """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
+    process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
+    out-of-memory the kernel answers by killing the process, the largest whose estimated memory
+    (arguments.run_estimated_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
+    collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
+    sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
-        candidates = [b for b in candidates
-                      if arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type) * local_world_size <= have
-                      ] or candidates[-1:]
+        fits = lambda b: arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type) * local_world_size <= have  # noqa: E731,E501
     elif device_type == "cuda" and args.fsdp and world_size > 1:
         free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
-        candidates = [b for b in candidates if arguments.fits_on_gpu(
+        fits = lambda b: arguments.fits_on_gpu(  # noqa: E731
             arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type, shards=world_size), free)
-                      ] or candidates[-1:]
-    return candidates[0] if candidates else 1  # none: the share is not whole rows, which check_batch_split names
+    else:
+        fits = None
+    skipped = []
+    if fits is not None:
+        kept = [b for b in candidates if fits(b)] or candidates[-1:]
+        skipped = [b for b in candidates if b > kept[0]] if kept else []
+        candidates = kept
+    return (candidates[0] if candidates else 1), skipped  # none: the share is not whole rows, which check_batch_split names
+
+
+def describe_split(batch_size, seq_len, world_size, total_batch_size):
+    """The batch split in words: `8 x 256 tokens x 1 process x 2 accumulation steps = 4096 tokens a step`."""
+    steps = total_batch_size // (batch_size * seq_len * world_size)
+    return (f"{batch_size} x {seq_len} tokens x {world_size} process{'es' * (world_size != 1)} x {steps} accumulation "
+            f"step{'s' * (steps != 1)} = {total_batch_size} tokens a step")
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):
@@ -127,15 +139,17 @@ def release_memory(device_type):
         torch.mps.empty_cache()
 
 
-def fit_batch_size(candidates, fits, agree, say):
+def fit_batch_size(candidates, fits, agree, say, split=str, skipped=()):
     """The first of candidates (largest first) for which fits(batch_size) holds on every process: agree(ok) is
-    every process's verdict together (all of them call it for the same candidate). Raises UserError when
-    none does."""
+    every process's verdict together (all of them call it for the same candidate). Says in one line what it
+    tried, what fit and the split it makes (split(batch_size): describe_split's words); skipped: the larger
+    micro-batches left out before any trial (the CPU's memory estimate). Raises UserError when none does."""
     tried = []
+    left_out = f"{', '.join(map(str, skipped))} left out (estimated memory above what is available); " if skipped else ""
     for batch_size in candidates:
         if agree(fits(batch_size)):
-            if tried:
-                say(f"--batch_size auto: {', '.join(map(str, tried))} did not fit; micro-batch {batch_size}")
+            tries = f"{', '.join(map(str, tried))} did not fit; " if tried else f"tried {batch_size} first, it fits; "
+            say(f"--batch_size auto: {left_out}{tries}micro-batch {batch_size}: {split(batch_size)}")
             return batch_size
         tried.append(batch_size)
     raise UserError("--batch_size auto: not even a micro-batch of 1 fits in memory; lower --seq_len, pick a smaller "

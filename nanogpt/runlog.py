@@ -177,14 +177,24 @@ def trim_log(log_file, last_step):
         f.writelines(kept)
 
 
-def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule):
-    """The run's first lines: where it runs, the model, the batch split, the recipe and its learning-rate schedule."""
+def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule, borrowed=()):
+    """The run's first lines: where it runs, the model, the batch split, the validation's size, the recipe and its
+    learning-rate schedule, and the settings the run took from its --model preset or --recipe rather than the
+    command line (borrowed: [(source, {name: value})], e.g. ("--model tiny", {"batch_size": 8}))."""
     B, T = args.batch_size, args.seq_len
     lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {accumulation_steps} accumulation steps"]
+    if args.eval_every:
+        lines.append(f"validation {args.val_steps * B * T * world_size:,} tokens every {args.eval_every} steps = "
+                     f"{args.val_steps} val_steps x {B} x {T} x {world_size} ranks")
     lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {lr_schedule.describe()}")
+    for source, settings in borrowed:
+        if settings:
+            values = ", ".join(f"--{name} {value}" + (f" (now {getattr(args, name)})" if getattr(args, name) != value
+                                                      else "") for name, value in settings.items())
+            lines.append(f"from {source} (not given on the command line): {values}")
     if args.init_from != "scratch" and not args.resume:
         preset = f"; --model {args.model} brings only its run settings" if "model" in args.explicit else ""
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "

@@ -736,3 +736,19 @@ def test_torchrun_splits_the_examples_and_sums_the_counts(hf_dir, bundle, ref, t
     result = evaluate.main(["--checkpoint", os.path.join(log_dir, "model_00000.pt"), "--eval_bundle", bundle, "--device",
                             "cpu", "--max_per_task", "9"])
     assert sorted(core) == [0, 1] and core[1] == round(result["core"], 4)
+
+
+def test_the_shipped_example_bundle_scores_as_the_reference(hf_dir, hf64, capsys):
+    """data/core_example (one four-choice task, 2-shot, a baseline of 25%), the bundle docs/evaluation.md shows,
+    scores offline as the reference scores its examples, read here straight from its jsonl."""
+    bundle = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "core_example")
+    with open(os.path.join(bundle, "eval_data", "simple_facts.jsonl")) as f:
+        shipped = [json.loads(line) for line in f]
+    rows = ref_task(hf64, "multiple_choice", " ", 2, ref_shuffled(shipped))
+    correct = sum(right for right, _, _ in rows)
+    assert all(margin > MARGIN for _, margin, _ in rows)  # no pick that float32 rounding could flip
+    code, stdout, err = script_cli(capsys, evaluate.main, "--init_from", hf_dir, "--eval_bundle", bundle, "--device", "cpu")
+    assert code == 0, err
+    want = (correct / len(shipped) - 0.25) / 0.75
+    assert re.search(rf"^simple_facts +2 +{correct / len(shipped):.4f} +{want:.4f} +[\d.]+$", stdout, re.M), stdout
+    assert re.search(rf"^CORE +{re.escape(f'{want:.4f}')}$", stdout, re.M), stdout

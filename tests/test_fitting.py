@@ -71,7 +71,9 @@ def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monk
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
     train_gpt2.main(tiny_run(data, tmp_path / "auto"))
     out = capsys.readouterr().out
-    assert "--batch_size auto: 8, 4 did not fit; micro-batch 2" in out
+    # one line: what was tried, what fit, and the split, which the header (micro_batches_per_step's) confirms
+    assert "--batch_size auto: 8, 4 did not fit; micro-batch 2: 2 x 32 tokens x 1 process x 4 accumulation steps = " \
+           "256 tokens a step\n" in out
     assert "total batch 256 tokens = 2 x 32 x 1 ranks x 4 accumulation steps" in out
     assert torch.load(os.path.join(tmp_path / "auto", "model_00005.pt"), weights_only=True)["args"]["batch_size"] == 2
     train_gpt2.main([*tiny_run(data, tmp_path / "by_hand", 2)])
@@ -82,7 +84,11 @@ def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monk
 def test_auto_when_everything_fits_takes_the_cap(tmp_path, capsys):
     data = make_shards(str(tmp_path / "data"))
     train_gpt2.main(tiny_run(data, tmp_path / "auto"))
-    assert "total batch 256 tokens = 8 x 32 x 1 ranks x 1 accumulation steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "total batch 256 tokens = 8 x 32 x 1 ranks x 1 accumulation steps" in out
+    # said when the first candidate fits too
+    assert "--batch_size auto: tried 8 first, it fits; micro-batch 8: 8 x 32 tokens x 1 process x 1 accumulation " \
+           "step = 256 tokens a step\n" in out
     train_gpt2.main([*tiny_run(data, tmp_path / "by_hand", 8)])
     logs_and_weights_equal(str(tmp_path / "auto"), str(tmp_path / "by_hand"))
 
@@ -175,7 +181,7 @@ def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_fre
 
     def pick(free_gib, world_size=8):
         return largest_batch_size(args, 64, config, n_params, "bf16", "cuda", world_size, world_size,
-                                  free_gpu_bytes=lambda: free_gib * GiB)
+                                  free_gpu_bytes=lambda: free_gib * GiB)[0]
 
     sizes = (24, 40, 80, 160)
     picks = [pick(gib) for gib in sizes]

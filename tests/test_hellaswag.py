@@ -400,3 +400,17 @@ def test_download_writes_the_file_whole_and_leaves_other_files_alone(tmp_path, m
     assert len(examples) == 5 and (cache / "hellaswag_val.jsonl").read_bytes() == source.read_bytes()
     assert sorted(os.listdir(cache)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.tmp"]
     assert (cache / "hellaswag_val.jsonl.tmp").read_text() == "theirs"
+
+
+def test_the_shipped_example_file_scores_as_the_reference(hf_dir):
+    """data/hellaswag_example.jsonl, the ten-line file docs/evaluation.md runs, scores offline as the reference
+    (transformers' forward, float64) scores its lines, read here straight from the file."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "hellaswag_example.jsonl")
+    with open(path) as f:
+        examples = [json.loads(line) for line in f]
+    assert len(examples) == 10
+    result = hellaswag.main(["--init_from", hf_dir, "--data", path, "--device", "cpu"])
+    ref = reference_losses(hf_dir, examples)
+    assert_clear_winners(ref, 1e-3)  # float32's error in these sums is ~1e-5: no pick it could flip
+    assert result["total"] == 10
+    assert (result["correct"], result["correct_norm"]) == reference_counts(examples, ref)

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 import plot_log
-from conftest import assert_one_line_error, run_script, safe_char_device
+from conftest import ROOT, assert_one_line_error, run_script, safe_char_device
 from nanogpt.cli import UserError
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
@@ -390,3 +390,112 @@ def test_numbers_too_large_to_draw_are_one_line(tmp_path):
         assert not os.path.exists(tmp_path / "plot.png")
     with pytest.raises(UserError, match=":1: expected"):  # a step no run reaches
         plot_log.parse_log(write(tmp_path / "steps.txt", f"{2**63} train 3.0\n"))
+
+
+# -----------------------------------------------------------------------------
+# several runs compared
+
+
+RUNS = {  # three runs of different lengths and kinds: only b has HellaSwag, only c a loss of another name
+    "a": "0 val 10.9\n0 train 10.95\n1 train 9.5\n2 train 8.25\n2 val 8.5\n",
+    "b": "0 val 10.8\n0 hella 0.25\n0 train 10.9\n1 train 9.0\n2 train nan skipped\n3 train 7.0\n4 val 7.5\n4 hella 0.27\n",
+    "c": "0 train 11.0\n1 train 10.0\n1 distill_loss 4.5\n",
+}
+
+
+def independent_parse(text):
+    """{kind: ([steps], [values])} of a log, finite values only, a `skipped` line left out: written apart from plot_log."""
+    out = {}
+    for line in text.splitlines():
+        if line.strip() and "skipped" not in line:
+            step, kind, value = line.split()
+            if math.isfinite(float(value)):
+                out.setdefault(kind, ([], []))
+                out[kind][0].append(int(step))
+                out[kind][1].append(float(value))
+    return out
+
+
+def run_folders(tmp_path, runs=RUNS):
+    for name, text in runs.items():
+        (tmp_path / name).mkdir()
+        write(tmp_path / name / "log.txt", text)
+    return [str(tmp_path / name) for name in runs]
+
+
+def drawn_figure(monkeypatch, argv):
+    """main(argv)'s Figure, caught as it is built (before it is saved)."""
+    figures = []
+    build = plot_log.build_comparison
+    monkeypatch.setattr(plot_log, "build_comparison", lambda *a, **kw: figures.append(build(*a, **kw)) or figures[-1])
+    out = plot_log.main(argv)
+    return out, figures[0]
+
+
+def test_several_runs_are_drawn_on_the_same_panels_each_as_its_log_says(tmp_path, monkeypatch):
+    folders = run_folders(tmp_path)
+    out, fig = drawn_figure(monkeypatch, [*folders, "--out", str(tmp_path / "cmp.png")])
+    assert out == str(tmp_path / "cmp.png") and (tmp_path / "cmp.png").read_bytes()[:8] == PNG
+    drawn = plot_log.plotted(fig)
+    assert list(drawn) == ["loss", "HellaSwag"]
+    names = {"train": "train loss", "val": "val loss", "hella": "acc_norm", "distill_loss": "distill_loss"}
+    colors = {}
+    for run, text in RUNS.items():
+        for kind, (steps, values) in independent_parse(text).items():
+            panel = "HellaSwag" if kind == "hella" else "loss"
+            label = f"{run}: {names[kind]} (last {values[-1]:.4g})"
+            assert drawn[panel][label] == (steps, values), (run, kind)
+            line = next(ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label() == label)
+            colors.setdefault(run, set()).add(line.get_color())
+    assert all(len(c) == 1 for c in colors.values()) and len(set.union(*colors.values())) == 3  # a colour a run
+    run_lines = [k for panel in drawn.values() for k in panel if k.split(":")[0] in RUNS]
+    assert len(run_lines) == sum(len(independent_parse(t)) for t in RUNS.values())  # nothing else of the runs
+
+
+def test_a_comparison_is_written_as_a_png_from_the_command_line(tmp_path):
+    import matplotlib.pyplot as plt
+
+    folders = run_folders(tmp_path)
+    r = run_script([os.path.join(ROOT, "plot_log.py"), *folders[:2]], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "compare.png").read_bytes()[:8] == PNG  # several logs: compare.png here, no run's plot.png
+    assert not (tmp_path / "a" / "plot.png").exists() and plt.imread(str(tmp_path / "compare.png")).shape[0] > 100
+    r = run_script([os.path.join(ROOT, "plot_log.py"), *folders, "--out", str(tmp_path / "three.png")])
+    assert r.returncode == 0 and (tmp_path / "three.png").read_bytes()[:8] == PNG, r.stderr
+
+
+def test_x_tokens_uses_each_runs_total_batch_size(tmp_path, monkeypatch):
+    """--x tokens: a run's steps times its --total_batch_size, read from its newest checkpoint; a log without a
+    checkpoint, or a run whose batch grew, is one line."""
+    import torch
+
+    a, b = run_folders(tmp_path, {"a": RUNS["a"], "b": RUNS["b"]})
+    for folder, tokens in ((a, 4096), (b, 1024)):
+        torch.save({"args": {"total_batch_size": tokens, "batch_size_warmup_tokens": 0}},
+                   os.path.join(folder, "model_00004.pt"))
+    torch.save({"args": {"total_batch_size": 1}}, os.path.join(a, "model_00001.pt"))  # older: not the one read
+    _, fig = drawn_figure(monkeypatch, [a, b, "--x", "tokens", "--out", str(tmp_path / "t.png")])
+    drawn = plot_log.plotted(fig)
+    assert drawn["loss"]["a: val loss (last 8.5)"] == ([0, 2 * 4096], [10.9, 8.5])
+    assert drawn["loss"]["b: train loss (last 7)"] == ([0, 1024, 3 * 1024], [10.9, 9.0, 7.0])
+    assert fig.axes[0].get_xlabel() == "tokens"
+    os.remove(os.path.join(b, "model_00004.pt"))
+    assert_one_line_error(run_script(["plot_log.py", a, b, "--x", "tokens", "--out", str(tmp_path / "u.png")]),
+                          f"{b}/log.txt: its log records steps, not tokens", "--x step")
+    torch.save({"args": {"total_batch_size": 1024, "batch_size_warmup_tokens": 5000}}, os.path.join(b, "model_00004.pt"))
+    with pytest.raises(UserError, match="batch grew over its first 5,000 tokens"):
+        plot_log.main([a, b, "--x", "tokens", "--out", str(tmp_path / "u.png")])
+    assert not (tmp_path / "u.png").exists()
+
+
+def test_bad_comparisons_are_one_line(tmp_path):
+    folders = run_folders(tmp_path, {"a": RUNS["a"]})
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other" / "a").mkdir(parents=True)
+    write(tmp_path / "other" / "a" / "log.txt", RUNS["b"])
+    out = str(tmp_path / "x.png")
+    for logs, needles in (([folders[0], str(tmp_path / "empty")], [f"{tmp_path / 'empty'} holds no run's log.txt"]),
+                          ([folders[0], str(tmp_path / "other" / "a")], ["two runs are named a"]),
+                          ([folders[0], os.path.join(folders[0], "log.txt")], ["two runs are named a"])):
+        assert_one_line_error(run_script(["plot_log.py", *logs, "--out", out]), *needles)
+    assert not os.path.exists(out)

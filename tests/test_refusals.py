@@ -14,6 +14,7 @@ from conftest import (TINY_FLAGS, assert_cli_error, assert_refused_before_any_wo
                       train, write_hellaswag)
 from nanogpt import arguments
 from nanogpt.checkpoints import save_checkpoint
+from nanogpt.cli import borrowed_settings
 
 
 @pytest.fixture
@@ -157,3 +158,60 @@ def test_the_run_header_names_the_recipe_and_the_schedule(data, tmp_path, capsys
         assert all(lr[s] == 3e-3 for s in range(1, 7)) and lr[7] < 3e-3 and lr[9] < lr[8] < lr[7]
     else:
         assert lr[2] == 3e-3 and all(lr[s + 1] < lr[s] for s in range(2, 9))
+
+
+def test_the_run_header_gives_the_validation_size_and_the_settings_a_preset_set(data, tmp_path, capsys, monkeypatch):
+    """The header's validation tokens are the tokens one validation reads (counted as the val loader hands them
+    out), and it names the --model preset's settings the command line left out (--save_every here)."""
+    read = []
+    next_batch = train_gpt2.DataLoaderLite.next_batch
+
+    def counted(self, *a, **kw):
+        x, y = next_batch(self, *a, **kw)
+        if "_val_" in self.found_names[0]:
+            read.append(x.numel())
+        return x, y
+
+    monkeypatch.setattr(train_gpt2.DataLoaderLite, "next_batch", counted)
+    flags = [f for i, f in enumerate(TINY_FLAGS) if "--save_every" not in TINY_FLAGS[max(0, i - 1): i + 1]]
+    capsys.readouterr()
+    train_gpt2.main([*flags, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "2",
+                     "--eval_every", "1"])
+    out = capsys.readouterr().out
+    per_eval, left = divmod(sum(read), len(read_log(str(tmp_path / "log"))["val"]))  # tokens read / validations run
+    assert left == 0
+    assert per_eval == 256 and f"\nvalidation {per_eval:,} tokens every 1 steps = 2 val_steps x 4 x 32 x 1 ranks\n" in out
+    assert "\nfrom --model tiny (not given on the command line): --save_every 0\n" in out, out
+    assert not os.path.exists(tmp_path / "log" / "model_00000.pt")  # no step checkpoint: every 0 is off
+    # validation off: no line
+    train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "off"), "--max_steps", "1",
+                     "--eval_every", "0"])
+    assert "\nvalidation " not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--model", "tiny", "--max_steps", "3"], ["--recipe", "speedrun", "--max_lr", "1e-3"],
+                                  ["--model", "tiny", "--recipe", "modern"]])
+def test_the_settings_named_as_a_presets_are_those_it_changed(argv):
+    """borrowed_settings names, for the header, the flags the --model preset and the --recipe set: each value named
+    is the one the run has, and dropping the preset and the recipe from the command line changes exactly those."""
+    args = train_gpt2.parse_args(argv)
+    named = {name: value for _, settings in borrowed_settings(args, train_gpt2.build_parser(), train_gpt2.RUN_PRESETS,
+                                                               train_gpt2.RECIPES) for name, value in settings.items()}
+    plain = train_gpt2.parse_args([word for i, word in enumerate(argv)
+                                   if word not in ("--model", "--recipe") and argv[i - 1] not in ("--model", "--recipe")])
+    changed = {name for name in vars(args) if name not in ("explicit", "given_as", "model", "recipe")
+               and getattr(args, name) != getattr(plain, name)}
+    assert named and set(named) == changed, (named, changed)
+    assert all(getattr(args, name) == value for name, value in named.items())
+    assert not {word[2:] for word in argv if word.startswith("--")} & set(named)  # given on the command line
+
+
+def test_the_help_names_what_the_presets_and_recipes_set():
+    """--help shows the parser's defaults; the settings --model tiny and each --recipe put in their place are named
+    in --model's and --recipe's help and beside each flag they set."""
+    helps = {a.dest: a.help for a in train_gpt2.build_parser()._actions}
+    assert "--batch_size 8" in helps["model"] and "--seq_len 256" in helps["model"]
+    assert "[--model tiny: 8]" in helps["batch_size"] and "--recipe speedrun: 0.003" in helps["max_lr"]
+    assert "speedrun: --arch speedrun --optimizer muon --muon_lr 0.04" in helps["recipe"]
+    args = train_gpt2.parse_args(["--model", "tiny"])
+    assert (args.batch_size, args.seq_len, train_gpt2.parse_args(["--recipe", "speedrun"]).max_lr) == (8, 256, 3e-3)
