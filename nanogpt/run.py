@@ -228,9 +228,10 @@ def weights_finite(model):
     # stop or none.
     params = list(model.parameters())
     local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-    held = [t.detach() for t in local if t.numel()]
-    largest = torch._foreach_norm(held, float("inf")) if held else []
-    broken = (~torch.isfinite(torch.stack(largest))).any().float() if held else torch.zeros(())
+    held = [t for t in local if t.numel()]
+    with torch.no_grad():
+        broken = (~torch.isfinite(torch.stack(torch._foreach_norm(held, float("inf"))))).any().float() if held else (
+            torch.zeros(()))
     if any(hasattr(p, "to_local") for p in params):
         broken = broken.to(local[0].device)
         torch.distributed.all_reduce(broken, op=torch.distributed.ReduceOp.MAX)
