@@ -66,7 +66,7 @@ if [ "$DRY_RUN" = 1 ]; then  # a tiny shape on the CPU: the same stages and chec
   SHAPE="--n_layer 2 --n_head 2 --n_embd 64 --seq_len 64 --batch_size 2 --device cpu --no_compile --dtype fp32"
   BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"; AUTO=""; CKPT_BATCH=$SMALL_BATCH
   EVAL_DEVICE="--device cpu --no_compile"; HELLASWAG_EXAMPLES=8; CORE_PER_TASK=11; GEN_MODEL=tiny; GEN_DEVICE=cpu; GEN_TOKENS=16
-  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=12 SKIP=2)
+  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6 SKIP=2)
   EXACT=--exact
 else  # the default recipe's shape (d12, micro-batch 64 x 1024, compile, bf16 on CUDA)
   SHAPE=""; BIG_BATCH=""; SMALL_BATCH="--total_batch_size 65536"  # 0.5M tokens a step; one micro-step
