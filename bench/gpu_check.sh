@@ -23,6 +23,7 @@
 # script gets SIGTERM/INT/HUP; the summary then says CUT SHORT above the rows that finished, never "passed".
 set -uo pipefail  # no -e: a failed stage is a row of the table, and the check goes on to the next
 cd "$(dirname "$0")/.."
+[ "${BASH_VERSINFO[0]}${BASH_VERSINFO[1]}" -ge 51 ] || { echo "error: bash 5.1 or later (wait -n -p)" >&2; exit 2; }
 ROOT=$PWD
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_check}
