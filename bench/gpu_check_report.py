@@ -2,9 +2,12 @@
 The table bench/gpu_check.sh ends with, read from its logs folder: each stage's exit, seconds and, for a
 training run, its summary line's ms/step, tokens/s and peak memory; each resumed run's log against the
 straight run's (one run: the same steps, each logged once, the values after the checkpoint equal within
---tolerance, exactly with --exact). Exits 1 if anything failed, so the check reads as one pass or fail.
+--tolerance, exactly with --exact). Its last line is one of three: "passed" (every row finished and passed),
+"FAILED" (exit 1), or "CUT SHORT" (exit 3): a stage was killed at its cap or by a signal, or did not start for want of
+time, or (--partial) the call had not ended when this was written, so stages after the last row never reported.
+A cut-short or failed call never reads as passed.
 
-    python bench/gpu_check_report.py LOGS_DIR [--exact]
+    python bench/gpu_check_report.py LOGS_DIR [--exact] [--partial]
 """
 
 import argparse
@@ -13,6 +16,7 @@ import os
 import re
 import sys
 
+SPEED_RE = re.compile(r"ours \[.*?\] ([\d.]+) ms/step.*speed vs build-nanogpt ([\d.]+)x")  # side_by_side.sh's
 SUMMARY_RE = re.compile(r"summary: .*?median ([\d.]+) ms/step.*?\| ([\d,]+) tok/s.*?peak memory ([\d.]+) GiB")
 # bf16 kernels on a GPU are not bit-deterministic (atomic adds in the backward): a resumed run's losses may
 # differ from the straight run's in the last digits; 1e-3 of a loss near 10 is far above that and far below
@@ -44,12 +48,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("logs")
     p.add_argument("--exact", action="store_true", help="resumed logs equal to the straight ones exactly (CPU, fp32)")
+    p.add_argument("--partial", action="store_true", help="written while the call runs: CUT SHORT unless it goes on")
     args = p.parse_args(argv)
     tolerance = 0.0 if args.exact else GPU_TOLERANCE
     env = os.path.join(args.logs, "env.txt")
     if os.path.exists(env):
         print(open(env).read().strip())
-    failed = False
+    failed, cut = False, args.partial
     print(f"{'stage':<22} {'result':<18} {'s':>5} {'ms/step':>9} {'tok/s':>10} {'peak GiB':>9}  notes")
     with open(os.path.join(args.logs, "runs.tsv")) as f:
         rows = list(csv.reader(f, delimiter="\t"))
@@ -60,8 +65,10 @@ def main(argv=None):
         if rc.isdigit():
             result = "ok" if rc == "0" else f"FAILED (exit {rc})"
             failed |= rc != "0"
+        elif rc.startswith(("cut short", "not run")):  # killed at its cap or by a signal; no time left to start
+            result, notes, cut = "CUT SHORT", rc, True
         else:
-            result = rc  # "skipped: no CUDA", "no checkpoint"
+            result = rc  # "skipped: no CUDA", "no checkpoint from default"
             failed |= not rc.startswith("skipped")
         m = SUMMARY_RE.search(text)
         if m:
@@ -80,7 +87,17 @@ def main(argv=None):
             notes = "tok/s " + table[-1] if table else "no table"
             if not table or not table[-1].endswith("| yes |"):
                 result, failed = "FAILED (tokens)", True
+        if name == "side_by_side" and rc == "0":  # each program's "rc=N" line, then ours against build-nanogpt
+            speed = SPEED_RE.search(text)
+            notes = f"speed vs build-nanogpt {speed.group(2)}x" if speed else "no speed ratio"
+            numbers = (speed.group(1) if speed else "", "", "")
+            if not speed or re.search(r"rc=[1-9]", text):
+                result, failed = "FAILED (programs)", True
         print(f"{name:<22} {result:<18} {seconds:>5} {numbers[0]:>9} {numbers[1]:>10} {numbers[2]:>9}  {notes}")
+    if cut:
+        print("gpu check: CUT SHORT: the call ended before its stages did; only the rows above finished"
+              + (" (and some of them FAILED)" if failed else ""))
+        return 3
     print("gpu check: " + ("FAILED" if failed else "passed"))
     return 1 if failed else 0
 

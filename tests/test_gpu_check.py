@@ -1,11 +1,15 @@
-"""bench/gpu_check.sh, the one prepared run of every path on a GPU, kept from rotting while no GPU is at hand:
-its dry run (every stage at a tiny shape on the CPU, CUDA-only stages skipped) passes here, and its report
-fails a run whose resumed log is not the straight run's, or whose stage failed."""
+"""bench/gpu_check.sh, the prepared runs of every path on a GPU in calls that fit a lent device, kept from rotting while
+no GPU is at hand: each call's dry run (its stages at a tiny shape on the CPU, CUDA-only stages skipped) passes here;
+a call cut short (a stage at its cap, SIGTERM to the script mid-stage) says CUT SHORT above the rows that finished and
+leaves no process behind; and the report never says passed for a cut-short or failed stage, or a resume that is not
+the straight run."""
 
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 import torch
@@ -14,32 +18,110 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import gpu_check_report  # noqa: E402
 from conftest import ROOT, make_shards  # noqa: E402
 
-STAGES = ["default", "default_resume", "torchrun_plain", "torchrun_zero", "torchrun_fsdp", "torchrun_recompute", "modern",
-          "modern_resume", "speedrun", "speedrun_resume", "hellaswag", "core", "generate", "generate_int8", "export_hf",
-          "sampling_speed"]
+SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
+CALLS = {  # each call's rows, in order
+    "1": ["env", "default", "default_resume", "torchrun_plain", "side_by_side"],
+    "2": ["env", "torchrun_zero", "torchrun_fsdp", "torchrun_recompute", "tests"],
+    "3": ["env", "modern", "modern_resume", "speedrun", "speedrun_resume"],
+    "4": ["env", "evals_checkpoint", "hellaswag", "core", "generate", "generate_int8", "export_hf", "sampling_speed"],
+}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(str(tmp_path_factory.mktemp("gpu_check_data")), val_tokens=8192, train_tokens=(20000, 20000))
+
+
+def dry_run_env(tmp_path, shards, **extra):
+    """The script's environment: every process it starts has tmp_path in its environment (TMPDIR), so
+    `leftovers(tmp_path)` finds any of them still alive."""
+    return dict(os.environ, DRY_RUN="1", OUT=str(tmp_path / "out"), BENCH_DATA=shards, PY=sys.executable,
+                OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=ROOT, **extra)
+
+
+def rows(summary):
+    """{stage: its line} of summary.txt's table, in order."""
+    table = summary.split("\nstage ", 1)[1].splitlines()[1:]
+    return {line.split()[0]: line for line in table if not line.startswith("gpu check:")}
+
+
+def leftovers(folder):
+    """(pid, command line) of each live process but this one that names folder in its command line or has it for its
+    TMPDIR (every process the script starts, from dry_run_env)."""
+    marks, found = (f"{folder}/".encode(), f"TMPDIR={folder}\0".encode()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/environ", "rb") as g:
+                cmdline, environ = f.read(), g.read()  # a zombie's are empty: it runs nothing
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and (marks[0] in cmdline or marks[1] in environ):
+            found.append((int(pid), cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return found
 
 
 @pytest.mark.slow
-def test_the_dry_run_runs_every_stage(tmp_path):
-    data = make_shards(str(tmp_path / "data"), val_tokens=8192, train_tokens=(20000, 20000))
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_each_calls_dry_run_passes(call, shards, tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, DRY_RUN="1", OUT=str(out), BENCH_DATA=data, PY=sys.executable, OMP_NUM_THREADS="1",
-               TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
-    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_check.sh")], cwd=str(tmp_path), env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(["bash", SCRIPT], cwd=str(tmp_path), env=dry_run_env(tmp_path, shards, CALL=call),
+                            capture_output=True, text=True, timeout=600)
     summary = (out / "summary.txt").read_text()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    rows = {line.split()[0]: line for line in summary.splitlines()[1:] if line.split() and line.split()[0] in STAGES + ["tests"]}
-    assert set(STAGES) <= rows.keys(), summary
-    assert all(" ok " in rows[name] for name in STAGES), summary
-    assert "skipped: no CUDA" in rows["tests"] if not torch.cuda.is_available() else " ok " in rows["tests"]
-    for name in ("default_resume", "modern_resume", "speedrun_resume"):
-        assert "log reads as one run (within 0)" in rows[name], rows[name]
+    table = rows(summary)
+    assert list(table) == CALLS[call], summary
+    cuda_only = {"tests"} & set(CALLS[call]) if not torch.cuda.is_available() else set()
+    assert all(" ok " in table[name] for name in set(CALLS[call]) - cuda_only), summary
+    assert all("skipped: no CUDA" in table[name] for name in cuda_only), summary
+    for name in (n for n in CALLS[call] if n.endswith("_resume")):
+        assert "log reads as one run (within 0)" in table[name], table[name]
     assert summary.strip().endswith("gpu check: passed")
     with tarfile.open(out / "logs.tar.gz") as logs:  # the logs travel as one file; the working folder is gone
-        assert "logs/default.txt" in logs.getnames()
+        assert f"logs/{CALLS[call][1]}.txt" in logs.getnames()
     assert sorted(os.listdir(out)) == ["logs.tar.gz", "summary.txt"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]
+    assert not leftovers(str(tmp_path))
+
+
+def assert_cut_short(summary, finished, cut):
+    table = rows(summary)
+    assert [n for n in table if " ok " in table[n]] == finished, summary
+    assert all(" CUT SHORT " in table[n] for n in cut), summary
+    assert summary.strip().splitlines()[-1].startswith("gpu check: CUT SHORT"), summary
+    assert "passed" not in summary.split("\nstage ", 1)[1]  # the table (env's commit subject above it may say it)
+
+
+@pytest.mark.slow
+def test_a_call_cut_short_by_a_cap_then_by_sigterm_says_so_and_ends_every_process(shards, tmp_path):
+    """One call, cut twice: `default` at a 2 s cap (so default_resume has no checkpoint), then SIGTERM (the device
+    tool's limit) to the script while torchrun's worker trains; torchrun starts its worker in a session of its own,
+    so the stage's session alone would not reach it."""
+    env = dry_run_env(tmp_path, shards, STAGES="env default ddp_plain", CAP_default="2")
+    script = subprocess.Popen(["bash", SCRIPT], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    console = []
+    for line in script.stdout:  # the stage has begun once the script says so
+        console.append(line)
+        if line.startswith("== torchrun_plain"):
+            break
+    # the summary, rewritten as each stage ends, already holds the cut rows
+    partial = (tmp_path / "out" / "summary.txt").read_text()
+    assert_cut_short(partial, ["env"], ["default", "default_resume"])
+    assert "cut short at its cap of 2 s" in rows(partial)["default"]
+    assert "not run: no checkpoint" in rows(partial)["default_resume"]
+    deadline = time.monotonic() + 120
+    while not [cmd for _, cmd in leftovers(str(tmp_path)) if "train_gpt2.py" in cmd and "torch.distributed" not in cmd]:
+        assert script.poll() is None and time.monotonic() < deadline, "".join(console)
+        time.sleep(0.05)  # polling for the worker to appear, not a wait for something to finish
+    script.send_signal(signal.SIGTERM)
+    rest, _ = script.communicate(timeout=120)
+    assert script.returncode == 3, "".join(console) + rest
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert_cut_short(summary, ["env"], ["default", "default_resume", "torchrun_plain"])
+    assert "cut short: the check got SIGTERM" in rows(summary)["torchrun_plain"]
+    assert not leftovers(str(tmp_path))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]
+    assert sorted(os.listdir(tmp_path / "out")) == ["logs.tar.gz", "summary.txt"]
 
 
 def write_log(path, entries):
@@ -68,3 +150,29 @@ def test_the_report_fails_a_failed_stage(tmp_path, capsys):
     (tmp_path / "runs.tsv").write_text("default\t0\t5\nhellaswag\t1\t3\n")
     assert gpu_check_report.main([str(tmp_path)]) == 1
     assert "FAILED (exit 1)" in capsys.readouterr().out
+    # side_by_side.sh exits 0 whatever its programs did: a program's rc, or no speed ratio, fails the row
+    (tmp_path / "runs.tsv").write_text("side_by_side\t0\t50\n")
+    ok = "round 1 build-nanogpt rc=0\nround 1 ours [--batch_size 64] rc=0\n"
+    ratio = "round 1: ours [--batch_size 64] 1050.0 ms/step (n=10), speed vs build-nanogpt 1.047x\n"
+    (tmp_path / "side_by_side.txt").write_text(ok + ratio)
+    assert gpu_check_report.main([str(tmp_path)]) == 0
+    assert "speed vs build-nanogpt 1.047x" in capsys.readouterr().out
+    for text in (ok.replace("ours [--batch_size 64] rc=0", "ours [--batch_size 64] rc=1") + ratio, ok + ratio.replace(
+            "1050.0", "nan").replace("1.047", "nan")):
+        (tmp_path / "side_by_side.txt").write_text(text)
+        assert gpu_check_report.main([str(tmp_path)]) == 1
+        assert "FAILED (programs)" in capsys.readouterr().out
+
+
+def test_the_report_never_passes_a_call_cut_short(tmp_path, capsys):
+    (tmp_path / "default.txt").write_text("")
+    for tsv, partial in [("default\t0\t5\n", True),  # written while the call ran: later stages never reported
+                         ("default\tcut short at its cap of 240 s\t240\n", False),
+                         ("default\tcut short: the check got SIGTERM\t30\n", False),
+                         ("default\t0\t5\ncore\tnot run: the call's budget was spent\t0\n", False),
+                         ("default\t1\t5\nhellaswag\tcut short at its cap of 9 s\t9\n", False)]:
+        (tmp_path / "runs.tsv").write_text(tsv)
+        assert gpu_check_report.main([str(tmp_path)] + ["--partial"] * partial) == 3, tsv
+        out = capsys.readouterr().out
+        assert out.strip().splitlines()[-1].startswith("gpu check: CUT SHORT") and "passed" not in out, out
+        assert ("FAILED" in out) == ("default\t1" in tsv), out
