@@ -816,16 +816,33 @@ def resumed_schedule(ckpt, args, say):
     return now
 
 
-def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None):
+def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
     """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
     that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
-    grows linearly in tokens seen from `start` (default: one micro-batch) to `total` over warmup_tokens,
-    rounded down to whole micro-batches (at least one); integer arithmetic, so every rank agrees."""
+    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
+    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
+    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
     full = total // micro
     if tokens_seen >= warmup_tokens:
         return full
-    start = start or micro
-    return max(1, min(full, (start + (total - start) * tokens_seen // warmup_tokens) // micro))
+    unit = unit or micro
+    start = start or unit
+    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
+    return tokens // micro
+
+
+def batch_ramp(args, world_size, ckpt):
+    """The batch warm-up's start and rounding unit in tokens, micro_batches_per_step's keywords: fixed when the run
+    starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every smaller one
+    it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key "ramp"), so that
+    --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint written before
+    the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. {}: no warm-up."""
+    if not args.batch_size_warmup_tokens:
+        return {}
+    if ckpt is not None:
+        return ckpt.get("ramp", {"start": args.batch_size_start})
+    unit = args.batch_size * args.seq_len * world_size
+    return {"start": args.batch_size_start or unit, "unit": unit}
 
 
 # -----------------------------------------------------------------------------
@@ -899,7 +916,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             while attempt.retry:  # out of memory, the step runs again from its start at a smaller micro-batch
                 micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
                 grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
-                                                          args.batch_size_warmup_tokens, args.batch_size_start)
+                                                          args.batch_size_warmup_tokens, **setup.ramp)
                 loss_accum = torch.zeros((), device=device)
                 with run.keeping_progress(step, attempt):  # a failure here first saves the last step's state
                     for micro_step in range(grad_accum_steps):
@@ -953,6 +970,7 @@ class TrainingSetup:
     score_core: object = None  # model -> CORE, this rank's share of its tasks scored; None when it is off
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
+    ramp: dict = None  # batch_ramp's: the batch warm-up in tokens, fixed when the run started ({}: none)
 
 
 def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype):
@@ -974,6 +992,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                                              local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
+    ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
@@ -1011,6 +1030,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                                          run.say)
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # the summary's peak is the run's, not the trials'
+    arguments.check_ramp_unit(ramp, args, world_size)
     train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
     start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
         ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
@@ -1025,15 +1045,15 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
-    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule),
-              ckpt=ckpt, ckpt_path=ckpt_path,
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule, ramp),
+              ckpt=ckpt, ckpt_path=ckpt_path, ramp=ramp,
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
-                         score_core=score_core, start_step=start_step, tokens_seen=tokens_seen)
+                         score_core=score_core, start_step=start_step, tokens_seen=tokens_seen, ramp=ramp)
 
 
 def model_config(args, saved_config=None):

@@ -127,6 +127,16 @@ def check_batch_warmup(args, world_size):
                         f"from {micro} to --total_batch_size {args.total_batch_size}")
 
 
+def check_ramp_unit(ramp, args, world_size):
+    """Refuse a micro-batch that does not divide the batch warm-up's unit (train_gpt2.batch_ramp's; a resume on
+    another number of processes may)."""
+    micro = args.batch_size * args.seq_len * world_size
+    if ramp.get("unit") and ramp["unit"] % micro:
+        raise UserError(f"the run's batch warm-up grows in steps of {ramp['unit']} tokens, which micro-batches of "
+                        f"batch_size*seq_len*world_size = {args.batch_size}*{args.seq_len}*{world_size} = {micro} "
+                        f"tokens do not divide; give a --batch_size or a number of processes that divides it")
+
+
 def check_batch_split(args, world_size, resuming=False):
     """Refuse a --total_batch_size that does not split into micro-batches of every process, naming what
     would split it: a resumed run's --total_batch_size is fixed, so the process counts that can take it."""

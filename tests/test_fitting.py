@@ -154,3 +154,31 @@ def test_torchrun_processes_agree_on_the_smallest_fit(tmp_path):
     by_hand = torchrun(2, *tiny_run(data, tmp_path / "by_hand", 2))
     assert by_hand.returncode == 0, by_hand.stderr[-3000:]
     logs_and_weights_equal(str(tmp_path / "auto"), str(tmp_path / "by_hand"))
+
+
+def test_the_batch_ramp_is_the_same_at_any_micro_batch(tmp_path, monkeypatch, capsys):
+    """A --batch_size_warmup_tokens ramp is fixed in tokens when the run starts, in steps of the largest micro-batch
+    it may take: --batch_size auto's pick (2 of the cap 8) and an out-of-memory retry at step 1 (8 -> 4) train the
+    tokens of each step that the run given micro-batch 8 by hand trains, and the checkpoint keeps the ramp."""
+    data = make_shards(str(tmp_path / "data"))
+    ramp = ["--total_batch_size", "1024", "--batch_size_warmup_tokens", "1024", "--max_steps", "5", "--save_every", "0"]
+
+    def batches(batch_size, log_dir):
+        train_gpt2.main([*tiny_run(data, tmp_path / log_dir, batch_size), *ramp])
+        out = capsys.readouterr().out
+        return [int(line.split("| batch ")[1].split()[0]) for line in out.splitlines() if "| batch " in line], out
+
+    want = [256, 256, 512, 1024, 1024]  # 256 + 768 x seen / 1024, in whole 256s (8 rows of 32); then the full 1024
+    assert batches(8, "by_hand")[0] == want
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    steps, out = batches("auto", "auto")
+    assert "micro-batch 2" in out and steps == want
+    monkeypatch.undo()
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_once_at(2, limit_after=4))  # step 1's first micro-step
+    steps, out = batches(8, "retried")
+    assert "step 1: out of memory at micro-batch 8" in out and steps == want
+    by_hand = read_log(str(tmp_path / "by_hand"))["train"]
+    for run in ("auto", "retried"):
+        got = read_log(str(tmp_path / run))["train"]
+        assert all(abs(got[s] - by_hand[s]) < 1e-5 for s in by_hand), (run, got, by_hand)
+    assert torch.load(tmp_path / "retried" / "model_00004.pt", weights_only=True)["ramp"] == {"start": 256, "unit": 256}
