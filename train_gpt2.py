@@ -719,16 +719,16 @@ class ShuffledDataLoader(DataLoaderLite):
         self._advance_if_full()
 
 
-def make_loaders(args, rank, world_size, warn):
+def make_loaders(args, rank, world_size, warn, val_rows=None):
     """(train, val) loaders; val is None when validation is off. Training documents are shuffled every
     epoch, or read in build-nanogpt's fixed order with --no_shuffle; validation always reads the fixed
-    order (the same batches at every evaluation)."""
+    order (the same batches at every evaluation), in batches of val_rows rows (default: the micro-batch)."""
     B, T = args.batch_size, args.seq_len
     if args.no_shuffle:
         train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
     else:
         train_loader = ShuffledDataLoader(args.data_dir, "train", B, T, rank, world_size, warn, seed=args.seed)
-    val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
+    val_loader = DataLoaderLite(args.data_dir, "val", val_rows or B, T, rank, world_size, warn) if args.eval_every else None
     return train_loader, val_loader
 
 
@@ -892,7 +892,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             with run.keeping_progress(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                               world_size)
+                                               world_size, args.batch_size)
                     run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                             f"step {step:5d} | validation loss {val_loss:.4f}")
                 if setup.score_hellaswag and run.due(step, args.hellaswag_every):
@@ -993,6 +993,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
+    # validation's rows per batch, fixed as the ramp is (kept in the checkpoint; one written before holds its micro-batch)
+    val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
@@ -1031,7 +1033,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # the summary's peak is the run's, not the trials'
     arguments.check_ramp_unit(ramp, args, world_size)
-    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
+    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn, val_rows)
     start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
         ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
     if ddp and not fsdp:
@@ -1046,7 +1048,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
     run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule, ramp),
-              ckpt=ckpt, ckpt_path=ckpt_path, ramp=ramp,
+              ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer

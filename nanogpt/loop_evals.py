@@ -10,16 +10,21 @@ from nanogpt.tokenizer import SAMPLE_PROMPT, decode_sample, format_sample
 
 
 @torch.no_grad()
-def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
-    """Mean loss over the first `steps` batches of the val split (the same ones every time)."""
+def validation_loss(model, loader, steps, device, autocast, ddp, world_size, micro_batch=None):
+    """Mean loss over the first `steps` batches of the val split (the same ones every time), each read in
+    pieces of the largest divisor of its rows up to micro_batch (the run's micro-batch now, which an out-of-memory
+    retry may have made smaller): the tokens validated do not depend on it."""
     model.eval()
     loader.reset()
+    rows = next(b for b in range(min(micro_batch or loader.B, loader.B), 0, -1) if loader.B % b == 0)
+    pieces = loader.B // rows
     total = torch.zeros((), device=device)
     for _ in range(steps):
         x, y = loader.next_batch()
-        with autocast:
-            _, loss = model(x.to(device), y.to(device))
-        total += loss.detach().float() / steps
+        for xs, ys in zip(x.split(rows), y.split(rows)):
+            with autocast:
+                _, loss = model(xs.to(device), ys.to(device))
+            total += loss.detach().float() / (steps * pieces)
     return all_reduce_mean(total, ddp, world_size).item()
 
 

@@ -59,12 +59,12 @@ class Run:
         self.rank0.agree()
 
     def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
-              flops_per_token, peak, ramp=None):
+              flops_per_token, peak, fixed=None):
         """Everything is checked and built: open the log folder (rank 0) and print the run's header. What a
         checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
-        loader's position, where lr_schedule was moved, the batch warm-up (ramp); flops_per_token and peak (FLOP/s, 0:
-        unknown) give MFU."""
-        self.model, self.optimizer, self.scaler, self.loader, self.ramp = model, optimizer, scaler, loader, ramp
+        loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
+        validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
+        self.model, self.optimizer, self.scaler, self.loader, self.fixed = model, optimizer, scaler, loader, fixed
         self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
@@ -185,7 +185,7 @@ class Run:
         try:
             save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
                                                       tokens_seen, loader_state, self.scaler, self.args,
-                                                      self.device_type, self.lr_schedule.moved(), self.ramp))
+                                                      self.device_type, self.lr_schedule.moved(), self.fixed))
         finally:
             self.saving = False
         if self.args.keep_checkpoints:

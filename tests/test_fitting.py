@@ -182,3 +182,24 @@ def test_the_batch_ramp_is_the_same_at_any_micro_batch(tmp_path, monkeypatch, ca
         got = read_log(str(tmp_path / run))["train"]
         assert all(abs(got[s] - by_hand[s]) < 1e-5 for s in by_hand), (run, got, by_hand)
     assert torch.load(tmp_path / "retried" / "model_00004.pt", weights_only=True)["ramp"] == {"start": 256, "unit": 256}
+
+
+def test_validation_reads_the_same_tokens_after_a_retry_and_a_resume(tmp_path, monkeypatch, capsys):
+    """Micro-batch 4, validated every 2 steps: step 3 runs out of memory and the run goes on at 2, validation too (its
+    batches of 4 rows read in pieces of 2); resumed from the checkpoint after step 3 (micro-batch 2), the log is the
+    uninterrupted one's, and its validation losses are those of the run that never ran out of memory."""
+    data = make_shards(str(tmp_path / "data"))
+    evals = ["--eval_every", "2"]  # steps 0, 2, 4, 5; 2 forwards each (--val_steps 2)
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_once_at(2 + 2 + 2 + 2 + 2 + 1, limit_after=2))  # step 3's
+    train_gpt2.main([*tiny_run(data, tmp_path / "retried", 4), *evals])
+    assert "step 3: out of memory at micro-batch 4" in capsys.readouterr().out
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "retried", resumed, ignore=shutil.ignore_patterns("model_00005.pt"))
+    monkeypatch.undo()
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    train_gpt2.main([*tiny_run(data, resumed, None), *evals, "--resume"])
+    assert open(resumed / "log.txt").read() == open(tmp_path / "retried" / "log.txt").read()
+    monkeypatch.undo()
+    train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), *evals])
+    val, want = (read_log(str(tmp_path / d))["val"] for d in ("resumed", "reference"))
+    assert val.keys() == want.keys() == {0, 2, 4, 5} and all(abs(val[s] - want[s]) < 2e-4 for s in want), (val, want)
