@@ -74,6 +74,36 @@ def local_optimizers(optimizer):
     return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
 
 
+def update_counts(optimizer):
+    """{id(parameter): its count of updates} in this process's optimizers' state (AdamW's "step"; Muon keeps none),
+    as one tensor beside the ids (no wait for the device): what weights_untouched compares a failed step with."""
+    ids, counts = [], []
+    for opt in local_optimizers(optimizer):
+        for p, state in opt.state.items():
+            if "step" in state:
+                ids.append(id(p))
+                counts.append(torch.as_tensor(state["step"]).detach().float().reshape(()))
+    return ids, torch.stack(counts) if counts else None
+
+
+def weights_untouched(optimizer, before):
+    """Whether an optimizer step that failed changed no weight: no parameter's update count moved from before's
+    (update_counts' before the step; a parameter whose state the step made must count 0), and no state keeps no
+    count (Muon's momentum: its update may have begun). The state the step made (zeros) is dropped."""
+    ids, counts = before
+    was = dict(zip(ids, counts.tolist() if counts is not None else []))
+    made = []
+    for opt in local_optimizers(optimizer):
+        for p, state in opt.state.items():
+            if "step" not in state or float(state["step"]) != was.get(id(p), 0.0):
+                return False
+            if id(p) not in was:
+                made.append((opt, p))
+    for opt, p in made:
+        del opt.state[p]
+    return True
+
+
 def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a

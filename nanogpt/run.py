@@ -16,7 +16,7 @@ import torch
 from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
-from nanogpt.fitting import release_memory, smaller_batch_size
+from nanogpt.fitting import release_memory, smaller_batch_size, update_counts, weights_untouched
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
 from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, local_peers,
@@ -65,6 +65,8 @@ class Run:
         loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
         validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
         self.model, self.optimizer, self.scaler, self.loader, self.fixed = model, optimizer, scaler, loader, fixed
+        # the optimizer's step, through the loop's own call: an out-of-memory in it is one line (step_optimizer)
+        self.optimizer_step, optimizer.step = optimizer.step, self.step_optimizer
         self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
@@ -95,6 +97,7 @@ class Run:
         training step's), an out-of-memory in one process is instead readied to run again at a smaller
         micro-batch (attempt.retry)."""
         loader_state = self.loader.state_dict()
+        self.step, self.step_loader_state = step, loader_state  # the step running, and where its data began
         if attempt is not None:
             attempt.retry = False
         try:
@@ -128,6 +131,33 @@ class Run:
         self.args.batch_size = self.loader.B = smaller
         self.loader.load_state_dict(loader_state)
         return True
+
+    def step_optimizer(self, *args, **kwargs):
+        """The optimizer's step (Run.start puts it in the optimizer's place). Where it runs out of memory (AdamW makes
+        its state at its first step, two numbers a weight), a smaller micro-batch cannot help: one line naming what
+        does, and the state after the last completed step saved first, where the failed update changed no weight."""
+        before = update_counts(self.optimizer)
+        try:
+            return self.optimizer_step(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (only an out-of-memory is answered here; the rest is raised)
+            if not is_out_of_memory(e):
+                raise
+            untouched = weights_untouched(self.optimizer, before)
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory(self.device_type)
+        step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
+        where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
+                 f"optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller --model"
+                 f"{wide}")
+        newest = find_checkpoints(self.args.log_dir)
+        if not untouched:
+            raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "
+                            f"last good checkpoint: {newest[0] if newest else 'none'}")
+        if self.master and step > self.start_step and not self.saved_at(step - 1) and not (self.zero or self.fsdp):
+            newest = [self.save(step - 1, self.step_loader_state, self.tokens_seen)]
+        resume = (f"--resume continues from {newest[0]}" if newest and step > 0
+                  else "no step was completed, so nothing was saved")
+        raise UserError(f"{where}; the weights are unchanged, {resume}")
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health."""

@@ -203,3 +203,44 @@ def test_validation_reads_the_same_tokens_after_a_retry_and_a_resume(tmp_path, m
     train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), *evals])
     val, want = (read_log(str(tmp_path / d))["val"] for d in ("resumed", "reference"))
     assert val.keys() == want.keys() == {0, 2, 4, 5} and all(abs(val[s] - want[s]) < 2e-4 for s in want), (val, want)
+
+
+def failing_optimizer_step(call, after_update):
+    """AdamW's step, raising torch.OutOfMemoryError at its call-th call: before it changes anything (AdamW making its
+    state), or after_update (as one that ran out of memory half-way through its parameters would have changed some)."""
+    step, calls = torch.optim.AdamW.step, []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call and not after_update:
+            raise torch.OutOfMemoryError("injected")
+        result = step(self, *args, **kwargs)
+        if len(calls) == call:
+            raise torch.OutOfMemoryError("injected")
+        return result
+    return flaky
+
+
+def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_path, monkeypatch, capsys):
+    """Step 3's optimizer step runs out of memory: before any weight changed, the state after step 2 is saved (the
+    checkpoint a run of 3 steps writes) and one line names what helps (--zero 1, --fsdp, a smaller --model); after
+    the update began, nothing is saved and the line names the last good checkpoint (after step 1)."""
+    data = make_shards(str(tmp_path / "data"))
+    train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), "--max_steps", "3"])
+    for after_update in (False, True):
+        log_dir = tmp_path / f"after_update_{after_update}"
+        monkeypatch.setattr(torch.optim.AdamW, "step", failing_optimizer_step(4, after_update))
+        result = script_cli(capsys, train_gpt2.main, *tiny_run(data, log_dir, 4))
+        monkeypatch.undo()
+        assert_cli_error(result, "out of memory in the optimizer's step at step 3", "--zero 1", "--fsdp", "--model")
+        assert sorted(read_log(str(log_dir))["train"]) == [0, 1, 2]
+        if after_update:
+            assert "last good checkpoint: " + os.path.join(str(log_dir), "model_00001.pt") in result[2]
+            assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
+        else:
+            assert "--resume continues from " + os.path.join(str(log_dir), "model_00002.pt") in result[2]
+            saved, want = (torch.load(d / "model_00002.pt", weights_only=True) for d in (log_dir, tmp_path / "reference"))
+            assert all(torch.equal(saved["model"][k], want["model"][k]) for k in want["model"])
+            assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
+            a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
+            assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
