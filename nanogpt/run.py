@@ -195,7 +195,9 @@ class Run:
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             # under --zero 1 / --fsdp every rank takes part in gathering the state
-            gathered = gathered_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
+            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
+                                                                             self.fsdp, self.master),
+                                                f"gathering the state of step {step} for its checkpoint")
             self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
             del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
             if self.ddp:
@@ -212,16 +214,37 @@ class Run:
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
         self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
-        try:
-            save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
-                                                      tokens_seen, loader_state, self.scaler, self.args,
-                                                      self.device_type, self.lr_schedule.moved(), self.fixed))
+        try:  # (the state is copied to the host as it is written)
+            self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
+                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler, self.args,
+                self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
         finally:
             self.saving = False
         if self.args.keep_checkpoints:
             prune_checkpoints(self.args.log_dir, step, self.args.keep_checkpoints)
         self.say(f"saved {path}")
         return path
+
+    def freeing_memory_once(self, work, what):
+        """work(), run once more after an out-of-memory, with what the step left freed first (its gradients, the
+        allocator's cached blocks); a second out-of-memory is one line naming `what` (an atomic write leaves the
+        earlier checkpoints intact)."""
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001 (only an out-of-memory is answered here; the rest is raised)
+            if not is_out_of_memory(e):
+                raise
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory(self.device_type)
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001
+            if not is_out_of_memory(e):
+                raise
+        newest = find_checkpoints(self.args.log_dir)
+        raise UserError(f"out of memory {what}, also after freeing the step's gradients and cached memory; earlier "
+                        f"checkpoints are intact (newest: {newest[0] if newest else 'none'}): free memory on this "
+                        "machine (other processes) and --resume") from None
 
     def summary(self, world_size, tokens_seen, epoch_tokens):
         """The run's last lines: optimizer state per rank (torchrun), then the summary."""

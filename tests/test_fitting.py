@@ -244,3 +244,34 @@ def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_pa
             assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
             a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
             assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
+
+
+def failing_save(calls):
+    """torch.save that writes a few bytes and raises torch.OutOfMemoryError at these calls (counting from 1), as one
+    that ran out of memory copying the state to the host would; the others save."""
+    save, made = torch.save, []
+
+    def flaky(obj, f, *args, **kwargs):
+        made.append(1)
+        if len(made) in calls:
+            f.write(b"partial")
+            raise torch.OutOfMemoryError("injected")
+        return save(obj, f, *args, **kwargs)
+    return flaky
+
+
+def test_out_of_memory_writing_a_checkpoint_tries_once_more(tmp_path, monkeypatch, capsys):
+    """Checkpoints after steps 1, 3 and 5: the first write runs out of memory once and is tried again, the run the
+    same as one that never did; where step 3's runs out of memory twice, one line, and step 1's checkpoint intact."""
+    data = make_shards(str(tmp_path / "data"))
+    train_gpt2.main(tiny_run(data, tmp_path / "reference", 4))
+    monkeypatch.setattr(torch, "save", failing_save({1}))
+    train_gpt2.main(tiny_run(data, tmp_path / "once", 4))
+    logs_and_weights_equal(str(tmp_path / "once"), str(tmp_path / "reference"))
+    monkeypatch.setattr(torch, "save", failing_save({2, 3}))
+    result = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "twice", 4))
+    assert_cli_error(result, "out of memory writing " + os.path.join(str(tmp_path / "twice"), "model_00003.pt"),
+                     "earlier checkpoints are intact", "model_00001.pt")
+    assert sorted(os.listdir(tmp_path / "twice")) == ["log.txt", "model_00001.pt"]
+    kept, want = (load_weights(tmp_path / d / "model_00001.pt") for d in ("twice", "reference"))
+    assert all(torch.equal(kept[k], want[k]) for k in want)
