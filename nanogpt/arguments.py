@@ -273,16 +273,58 @@ def run_estimated_bytes(config, n_params, args, batch_size, dtype, device_type):
                            args.loss_impl, device_type)
 
 
-def available_memory_bytes():
-    """MemAvailable of this machine (Linux), or None where it cannot be read."""
+def available_memory_bytes(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """The memory this process may still take (Linux): the smaller of the machine's MemAvailable and its memory
+    cgroup's room (a container's limit: docker --memory, Kubernetes, Slurm), whose kernel kills a process that
+    passes it with no word; None where neither can be read. The roots are parameters for tests."""
+    have = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        with open(os.path.join(proc_root, "meminfo")) as f:
+            have += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
         pass
-    return None
+    room = cgroup_room(proc_root, cgroup_root)
+    if room is not None:
+        have.append(room)
+    return min(have) if have else None
+
+
+NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a huge number (9223372036854771712), v2 as "max"
+
+
+def cgroup_room(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """The bytes this process's memory cgroups leave it, the least over its cgroup and those above it (each may
+    have a limit): v2's memory.max - memory.current, v1's memory.limit_in_bytes - memory.usage_in_bytes; None where
+    none has a limit or none can be read."""
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    places = []  # (folder of the hierarchy, limit file, usage file, the cgroup's path in it)
+    for fields in lines:
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            places.append((cgroup_root, "memory.max", "memory.current", path))
+        elif "memory" in controllers.split(","):
+            places.append((os.path.join(cgroup_root, "memory"), "memory.limit_in_bytes", "memory.usage_in_bytes", path))
+    rooms = []
+    for mount, limit_file, usage_file, path in places:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the cgroup, then each above it (a container sees its own as /)
+            folder = os.path.join(mount, *parts[:depth])
+            try:
+                with open(os.path.join(folder, limit_file)) as f:
+                    limit = f.read().strip()
+                with open(os.path.join(folder, usage_file)) as f:
+                    usage = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if limit != "max" and limit.isdigit() and int(limit) < NO_LIMIT:
+                rooms.append(max(0, int(limit) - usage))
+    return min(rooms) if rooms else None
 
 
 def widening_flags(args):
