@@ -1226,6 +1226,7 @@ def parse_args(argv=None, saved_args=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    arguments.check_torchrun_environment(os.environ)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
     ckpt_path, ckpt, saved_config = None, None, None

@@ -110,6 +110,24 @@ def check_schedule(args, master):
               "so the learning rate spends most of it warming up; lower --warmup_steps for a short run")
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_torchrun_environment(environ):
+    """RANK in the environment means torchrun started this process, which sets the others beside it; a cluster job's
+    environment may set RANK alone. Refused in one line, before any work, naming what is missing."""
+    if "RANK" not in environ:
+        return
+    missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
+    bad = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name in environ and not environ[name].isdigit()]
+    if missing or bad:
+        what = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set" if missing
+                else f"{', '.join(bad)} is not a whole number")
+        raise UserError(f"RANK={environ['RANK']} is in the environment but {what}, as they are when torchrun starts "
+                        "the processes (a cluster job's environment may set RANK alone): start with torchrun "
+                        "(docs/scale.md), or unset RANK to run one process")
+
+
 def check_batch_warmup(args, world_size):
     """Refuse a batch warm-up that cannot be made of whole micro-batches."""
     micro = args.batch_size * args.seq_len * world_size

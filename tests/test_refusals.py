@@ -157,3 +157,20 @@ def test_the_run_header_names_the_recipe_and_the_schedule(data, tmp_path, capsys
         assert all(lr[s] == 3e-3 for s in range(1, 7)) and lr[7] < 3e-3 and lr[9] < lr[8] < lr[7]
     else:
         assert lr[2] == 3e-3 and all(lr[s + 1] < lr[s] for s in range(2, 9))
+
+
+@pytest.mark.parametrize("env,missing", [({"RANK": "0"}, "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+                                         ({"RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "4"},
+                                          "MASTER_ADDR, MASTER_PORT are not set")])
+def test_rank_without_torchrun_is_one_line_before_any_work(data, tmp_path, monkeypatch, env, missing):
+    """A cluster job's environment with RANK (and maybe more) but not all torchrun sets: one line (run_cli prints a
+    UserError as one line; under RANK it then leaves as a torchrun worker, so main is called here), no log folder."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(train_gpt2.UserError) as refused:
+        train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "1"])
+    for needle in (f"RANK={env['RANK']}", missing, "start with torchrun", "unset RANK"):
+        assert needle in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "log").exists()
