@@ -19,15 +19,15 @@ from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_counts, weights_untouched
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
-from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, local_peers,
-                             peer_gone, peer_gone_error)
+from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
+                             local_peers, peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
 class Run:
     """One training run's bookkeeping, on every rank (rank 0 writes). Use it as a context: from start() on
-    it catches SIGTERM/Ctrl-C (the loop stops after the step, with a checkpoint); at the end it closes the
-    log, and turns a collective that failed because another process died into one line naming the
+    it catches SIGTERM, Ctrl-C, SIGHUP and SIGUSR1 (the loop stops after the step, with a checkpoint); at the end it
+    closes the log, and turns a collective that failed because another process died into one line naming the
     checkpoint to resume."""
 
     def __init__(self, args, ddp, rank, device):
@@ -72,8 +72,9 @@ class Run:
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
         check_schedule(self.args, self.master)
-        # from here SIGTERM (a scheduler's) and Ctrl-C end the run after the step, with a checkpoint
-        self.old_handlers = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
+        # time limit) end the run after the step, with a checkpoint
+        self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
         peers = local_peers(self.rank) if self.ddp else {}
         if peers:  # a process that a signal finds waiting for a dead one cannot run that handler
             self.stuck_watch = StuckCollectiveWatch(self.args.log_dir, self.rank, peers, lambda: self.saving).start()
