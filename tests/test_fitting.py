@@ -275,3 +275,30 @@ def test_out_of_memory_writing_a_checkpoint_tries_once_more(tmp_path, monkeypatc
     assert sorted(os.listdir(tmp_path / "twice")) == ["log.txt", "model_00001.pt"]
     kept, want = (load_weights(tmp_path / d / "model_00001.pt") for d in ("twice", "reference"))
     assert all(torch.equal(kept[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("evaluation,flags,fix", [
+    ("HellaSwag", ["--hellaswag_every", "2", "--hellaswag_data", None], "pass --hellaswag_every 0"),
+    ("samples", ["--sample_every", "2"], "pass --sample_every 0")])
+def test_out_of_memory_in_an_evaluation_of_the_loop_names_its_flag(tmp_path, monkeypatch, capsys, evaluation, flags,
+                                                                   fix):
+    """HellaSwag's or the samples' forward runs out of memory at step 2: the line names the flag that turns that
+    evaluation off (the run's --batch_size does not size it), and the state after step 1 is saved."""
+    from conftest import write_hellaswag
+
+    data = make_shards(str(tmp_path / "data"))
+    flags = [str(write_hellaswag(tmp_path / "hs.jsonl")) if f is None else f for f in flags]
+    forward, trained = train_gpt2.GPT.forward, []
+
+    def training_only(self, *args, **kwargs):  # after steps 0 and 1 (two micro-steps each)
+        if not self.training and len(trained) >= 4:
+            raise torch.OutOfMemoryError("injected")
+        trained.extend([1] if self.training else [])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", training_only)
+    monkeypatch.setattr(train_gpt2.GPT, "decode_step", failing_above(-1))  # sampling's step (every call fails)
+    result = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), *flags)
+    assert_cli_error(result, f"scoring {'HellaSwag' if evaluation == 'HellaSwag' else '4 samples'} in the training loop",
+                     fix)
+    assert "lower --batch_size" not in result[2] and os.path.exists(tmp_path / "log" / "model_00001.pt")
