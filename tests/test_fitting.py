@@ -302,3 +302,37 @@ def test_out_of_memory_in_an_evaluation_of_the_loop_names_its_flag(tmp_path, mon
     assert_cli_error(result, f"scoring {'HellaSwag' if evaluation == 'HellaSwag' else '4 samples'} in the training loop",
                      fix)
     assert "lower --batch_size" not in result[2] and os.path.exists(tmp_path / "log" / "model_00001.pt")
+
+
+@pytest.mark.parametrize("fail_at,untouched", [(3, True), (None, False)])
+def test_an_optimizer_step_that_fails_making_its_state_is_told_from_one_that_changed_weights(monkeypatch, fail_at,
+                                                                                              untouched):
+    """AdamW's first step makes its state group by group, updating each group once its state is made: out of memory
+    in the first group's state changes no weight (and the state it made is dropped); in the second group's, the
+    first group's weights have changed. weights_untouched says which, checked against the weights themselves."""
+    from nanogpt.fitting import update_counts, weights_untouched
+
+    torch.manual_seed(0)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu")
+    x = torch.randint(0, 64, (2, 8))
+    model(x, x)[1].backward()
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    first_group = len(optimizer.param_groups[0]["params"])
+    fail_at = fail_at or 2 * first_group + 1  # exp_avg and exp_avg_sq of each: the first of the second group
+    zeros_like, made = torch.zeros_like, []
+
+    def failing(*args, **kwargs):
+        made.append(1)
+        if len(made) == fail_at:
+            raise torch.OutOfMemoryError("injected")
+        return zeros_like(*args, **kwargs)
+
+    before = update_counts(optimizer)
+    monkeypatch.setattr(torch, "zeros_like", failing)
+    with pytest.raises(torch.OutOfMemoryError):
+        optimizer.step()
+    monkeypatch.undo()
+    changed = any(not torch.equal(p, weights[name]) for name, p in model.named_parameters())
+    assert weights_untouched(optimizer, before) == untouched == (not changed)
+    assert not optimizer.state if untouched else len(optimizer.state) >= first_group
