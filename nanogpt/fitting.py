@@ -74,15 +74,22 @@ def local_optimizers(optimizer):
     return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
 
 
+def update_count(state):
+    """A parameter's count of updates in AdamW's state (its "step"), as a 0-d tensor of this process."""
+    count = torch.as_tensor(state["step"])
+    return (count.to_local() if hasattr(count, "to_local") else count).detach().float().reshape(())
+
+
 def update_counts(optimizer):
-    """{id(parameter): its count of updates} in this process's optimizers' state (AdamW's "step"; Muon keeps none),
-    as one tensor beside the ids (no wait for the device): what weights_untouched compares a failed step with."""
+    """(ids of the parameters, their counts of updates as one tensor) in this process's optimizers' state (AdamW's
+    "step"; Muon keeps none), taken without waiting for the device: what weights_untouched compares a failed step
+    with."""
     ids, counts = [], []
     for opt in local_optimizers(optimizer):
         for p, state in opt.state.items():
             if "step" in state:
                 ids.append(id(p))
-                counts.append(torch.as_tensor(state["step"]).detach().float().reshape(()))
+                counts.append(update_count(state))
     return ids, torch.stack(counts) if counts else None
 
 
@@ -95,7 +102,7 @@ def weights_untouched(optimizer, before):
     made = []
     for opt in local_optimizers(optimizer):
         for p, state in opt.state.items():
-            if "step" not in state or float(state["step"]) != was.get(id(p), 0.0):
+            if "step" not in state or update_count(state).item() != was.get(id(p), 0.0):
                 return False
             if id(p) not in was:
                 made.append((opt, p))
