@@ -856,6 +856,7 @@ def setup_distributed(device_arg):
 
     if "RANK" not in os.environ:
         return False, 0, 0, 1, pick_device(device_arg)
+    arguments.check_torchrun_environment(os.environ)  # (hellaswag.py's and evaluate.py's first check of it)
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     kind = pick_device(device_arg).split(":")[0]
     if kind == "cuda":

@@ -174,3 +174,12 @@ def test_rank_without_torchrun_is_one_line_before_any_work(data, tmp_path, monke
     for needle in (f"RANK={env['RANK']}", missing, "start with torchrun", "unset RANK"):
         assert needle in str(refused.value) and "\n" not in str(refused.value)
     assert not (tmp_path / "log").exists()
+
+
+def test_rank_without_torchrun_in_the_evaluation_scripts_is_one_line(monkeypatch):
+    """hellaswag.py and evaluate.py join torchrun's processes through train_gpt2.setup_distributed: the same line."""
+    for name in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(train_gpt2.UserError, match="RANK=0 is in the environment but LOCAL_RANK, .* start with torchrun"):
+        train_gpt2.setup_distributed("cpu")
