@@ -18,7 +18,7 @@ import inspect
 import math
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -728,7 +728,8 @@ def make_loaders(args, rank, world_size, warn, val_rows=None):
         train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
     else:
         train_loader = ShuffledDataLoader(args.data_dir, "train", B, T, rank, world_size, warn, seed=args.seed)
-    val_loader = DataLoaderLite(args.data_dir, "val", val_rows or B, T, rank, world_size, warn) if args.eval_every else None
+    val_loader = (DataLoaderLite(args.data_dir, "val", val_rows or B, T, rank, world_size, warn) if args.eval_every
+                  else None)
     return train_loader, val_loader
 
 
@@ -971,7 +972,7 @@ class TrainingSetup:
     score_core: object = None  # model -> CORE, this rank's share of its tasks scored; None when it is off
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
-    ramp: dict = None  # batch_ramp's: the batch warm-up in tokens, fixed when the run started ({}: none)
+    ramp: dict = field(default_factory=dict)  # batch_ramp's: the batch warm-up in tokens, fixed at the start ({}: none)
 
 
 def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype):
@@ -994,7 +995,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
-    # validation's rows per batch, fixed as the ramp is (kept in the checkpoint; one written before holds its micro-batch)
+    # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):

@@ -256,6 +256,7 @@ def hellaswag_scorer(args, rank, world_size, device, fsdp):
     tokenizer, share_rank, shares = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
 
     def score(model):
-        with out_of_memory_said(device, "HellaSwag in the training loop", in_loop_fix("hellaswag_every", "hellaswag.py")):
+        fix = in_loop_fix("hellaswag_every", "hellaswag.py")
+        with out_of_memory_said(device, "HellaSwag in the training loop", fix):
             return evaluate(model, examples, tokenizer, device, rank=share_rank, world_size=shares)
     return score

@@ -33,8 +33,8 @@ def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length
     """The loop's samples: continuations of SAMPLE_PROMPT, as in build-nanogpt."""
     prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)] * num_samples, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    with out_of_memory_said(device, f"{num_samples} samples in the training loop", "the training loop's --batch_size "
-                            "does not size them: pass --sample_every 0 to turn them off, and sample the saved checkpoints "
-                            "with generate_tokens.py"), autocast:
+    fix = ("the training loop's --batch_size does not size them: pass --sample_every 0 to turn them off, and sample "
+           "the saved checkpoints with generate_tokens.py")
+    with out_of_memory_said(device, f"{num_samples} samples in the training loop", fix), autocast:
         out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
     return [format_sample(i, num_samples, decode_sample(tokenizer, row)) for i, row in enumerate(out.tolist())]

@@ -148,8 +148,8 @@ class Run:
         release_memory(self.device_type)
         step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
         where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
-                 f"optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller --model"
-                 f"{wide}")
+                 "optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller "
+                 f"--model{wide}")
         newest = find_checkpoints(self.args.log_dir)
         if not untouched:
             raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "
@@ -217,8 +217,8 @@ class Run:
         self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
         try:  # (the state is copied to the host as it is written)
             self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
-                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler, self.args,
-                self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
+                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
+                self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
         finally:
             self.saving = False
         if self.args.keep_checkpoints:

@@ -192,8 +192,8 @@ def run_header(args, device, dtype, use_compile, world_size, model, accumulation
     if args.batch_size_warmup_tokens:
         ramp = ramp or {}  # train_gpt2.batch_ramp's
         unit = ramp.get("unit") or B * T * world_size
-        lines.append(f"batch warm-up: from {ramp.get('start') or unit} to {args.total_batch_size} tokens per step over the "
-                     f"first {args.batch_size_warmup_tokens:,} tokens, in steps of {unit} tokens")
+        lines.append(f"batch warm-up: from {ramp.get('start') or unit} to {args.total_batch_size} tokens per step over "
+                     f"the first {args.batch_size_warmup_tokens:,} tokens, in steps of {unit} tokens")
     return "\n".join(lines)
 
 

@@ -108,7 +108,8 @@ def choose_compile(asked, device, say):
 
 # What ends a run after its step, with a checkpoint: a scheduler's SIGTERM, Ctrl-C, a closed terminal's SIGHUP, and
 # SIGUSR1 (Slurm's warning before a time limit, `#SBATCH --signal=USR1@300`); those a platform lacks are left out
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1") if hasattr(signal, name))
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+                     if hasattr(signal, name))
 
 
 class StopFlag:

@@ -445,7 +445,8 @@ def test_newer_checkpoints_that_do_not_fit_their_own_model_are_skipped(shards, t
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1])
-def test_sighup_and_sigusr1_end_the_run_with_a_checkpoint_as_sigterm_does(shards, tmp_path, monkeypatch, capsys, signum):
+def test_sighup_and_sigusr1_end_the_run_with_a_checkpoint_as_sigterm_does(shards, tmp_path, monkeypatch, capsys,
+                                                                          signum):
     """A closed terminal (SIGHUP) or Slurm's warning before its time limit (SIGUSR1), met in step 2's forward: the
     step ends, its state is saved, and the run stops. (The test's own handler stands in while the run has none, so
     that a run that ignored the signal would go on instead of ending pytest.)"""

@@ -239,7 +239,8 @@ def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_pa
             assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
         else:
             assert "--resume continues from " + os.path.join(str(log_dir), "model_00002.pt") in result[2]
-            saved, want = (torch.load(d / "model_00002.pt", weights_only=True) for d in (log_dir, tmp_path / "reference"))
+            saved, want = (torch.load(d / "model_00002.pt", weights_only=True)
+                           for d in (log_dir, tmp_path / "reference"))
             assert all(torch.equal(saved["model"][k], want["model"][k]) for k in want["model"])
             assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
             a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
@@ -299,8 +300,8 @@ def test_out_of_memory_in_an_evaluation_of_the_loop_names_its_flag(tmp_path, mon
     monkeypatch.setattr(train_gpt2.GPT, "forward", training_only)
     monkeypatch.setattr(train_gpt2.GPT, "decode_step", failing_above(-1))  # sampling's step (every call fails)
     result = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), *flags)
-    assert_cli_error(result, f"scoring {'HellaSwag' if evaluation == 'HellaSwag' else '4 samples'} in the training loop",
-                     fix)
+    scored = "HellaSwag" if evaluation == "HellaSwag" else "4 samples"
+    assert_cli_error(result, f"scoring {scored} in the training loop", fix)
     assert "lower --batch_size" not in result[2] and os.path.exists(tmp_path / "log" / "model_00001.pt")
 
 

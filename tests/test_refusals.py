@@ -159,7 +159,8 @@ def test_the_run_header_names_the_recipe_and_the_schedule(data, tmp_path, capsys
         assert lr[2] == 3e-3 and all(lr[s + 1] < lr[s] for s in range(2, 9))
 
 
-@pytest.mark.parametrize("env,missing", [({"RANK": "0"}, "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+@pytest.mark.parametrize("env,missing", [({"RANK": "0"},
+                                          "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
                                          ({"RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "4"},
                                           "MASTER_ADDR, MASTER_PORT are not set")])
 def test_rank_without_torchrun_is_one_line_before_any_work(data, tmp_path, monkeypatch, env, missing):
@@ -181,5 +182,5 @@ def test_rank_without_torchrun_in_the_evaluation_scripts_is_one_line(monkeypatch
     for name in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(train_gpt2.UserError, match="RANK=0 is in the environment but LOCAL_RANK, .* start with torchrun"):
+    with pytest.raises(train_gpt2.UserError, match="RANK=0 is in the environment but LOCAL_RANK, .* with torchrun"):
         train_gpt2.setup_distributed("cpu")
