@@ -103,7 +103,7 @@ def main(argv=None):
         if run.master:
             print(f"{len(tasks)} tasks, {sum(len(t.examples) for t in tasks)} examples | {run.header}")
         batch = args.batch_size or (32 if run.device_type == "cuda" else 8)
-        with out_of_memory_said(run.device, f"{batch} prompts"), run.autocast:
+        with out_of_memory_said(run.device, f"{batch} prompts per pass"), run.autocast:
             result = evaluate(run.model, tasks, get_tokenizer(), run.device, run.rank, run.world_size, args.batch_size,
                               progress=run.master)
         if run.master:

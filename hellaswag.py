@@ -70,7 +70,7 @@ def main(argv=None):
             print(f"{len(examples)} examples | style {args.style} | {run.header}")
         t0 = time.time()
         batch = min(args.batch_size or (32 if run.device_type == "cuda" else 8), len(examples))
-        with out_of_memory_said(run.device, f"{batch} examples"), run.autocast:
+        with out_of_memory_said(run.device, f"{batch} examples per pass"), run.autocast:
             result = evaluate(run.model, examples, get_tokenizer(), run.device, run.rank, run.world_size,
                               args.batch_size, args.style, progress=run.master)
         if run.device_type == "cuda":

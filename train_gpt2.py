@@ -18,7 +18,7 @@ import inspect
 import math
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -729,16 +729,17 @@ class ShuffledDataLoader(DataLoaderLite):
         self._advance_if_full()
 
 
-def make_loaders(args, rank, world_size, warn):
+def make_loaders(args, rank, world_size, warn, val_rows=None):
     """(train, val) loaders; val is None when validation is off. Training documents are shuffled every
     epoch, or read in build-nanogpt's fixed order with --no_shuffle; validation always reads the fixed
-    order (the same batches at every evaluation)."""
+    order (the same batches at every evaluation), in batches of val_rows rows (default: the micro-batch)."""
     B, T = args.batch_size, args.seq_len
     if args.no_shuffle:
         train_loader = DataLoaderLite(args.data_dir, "train", B, T, rank, world_size, warn)
     else:
         train_loader = ShuffledDataLoader(args.data_dir, "train", B, T, rank, world_size, warn, seed=args.seed)
-    val_loader = DataLoaderLite(args.data_dir, "val", B, T, rank, world_size, warn) if args.eval_every else None
+    val_loader = (DataLoaderLite(args.data_dir, "val", val_rows or B, T, rank, world_size, warn) if args.eval_every
+                  else None)
     return train_loader, val_loader
 
 
@@ -826,16 +827,33 @@ def resumed_schedule(ckpt, args, say):
     return now
 
 
-def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None):
+def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
     """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
     that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
-    grows linearly in tokens seen from `start` (default: one micro-batch) to `total` over warmup_tokens,
-    rounded down to whole micro-batches (at least one); integer arithmetic, so every rank agrees."""
+    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
+    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
+    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
     full = total // micro
     if tokens_seen >= warmup_tokens:
         return full
-    start = start or micro
-    return max(1, min(full, (start + (total - start) * tokens_seen // warmup_tokens) // micro))
+    unit = unit or micro
+    start = start or unit
+    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
+    return tokens // micro
+
+
+def batch_ramp(args, world_size, ckpt):
+    """The batch warm-up's start and rounding unit in tokens, micro_batches_per_step's keywords: fixed when the run
+    starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every smaller one
+    it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key "ramp"), so that
+    --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint written before
+    the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. {}: no warm-up."""
+    if not args.batch_size_warmup_tokens:
+        return {}
+    if ckpt is not None:
+        return ckpt.get("ramp", {"start": args.batch_size_start})
+    unit = args.batch_size * args.seq_len * world_size
+    return {"start": args.batch_size_start or unit, "unit": unit}
 
 
 # -----------------------------------------------------------------------------
@@ -849,6 +867,7 @@ def setup_distributed(device_arg):
 
     if "RANK" not in os.environ:
         return False, 0, 0, 1, pick_device(device_arg)
+    arguments.check_torchrun_environment(os.environ)  # (hellaswag.py's and evaluate.py's first check of it)
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     kind = pick_device(device_arg).split(":")[0]
     if kind == "cuda":
@@ -885,7 +904,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             with run.keeping_progress(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                               world_size)
+                                               world_size, args.batch_size)
                     run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                             f"step {step:5d} | validation loss {val_loss:.4f}")
                 if setup.score_hellaswag and run.due(step, args.hellaswag_every):
@@ -909,7 +928,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             while attempt.retry:  # out of memory, the step runs again from its start at a smaller micro-batch
                 micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
                 grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
-                                                          args.batch_size_warmup_tokens, args.batch_size_start)
+                                                          args.batch_size_warmup_tokens, **setup.ramp)
                 loss_accum = torch.zeros((), device=device)
                 with run.keeping_progress(step, attempt):  # a failure here first saves the last step's state
                     for micro_step in range(grad_accum_steps):
@@ -962,6 +981,7 @@ class TrainingSetup:
     score_core: object = None  # model -> CORE, this rank's share of its tasks scored; None when it is off
     start_step: int = 0
     tokens_seen: int = 0  # trained on before start_step
+    ramp: dict = field(default_factory=dict)  # batch_ramp's: the batch warm-up in tokens, fixed at the start ({}: none)
 
 
 def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_rank, world_size, device, dtype):
@@ -983,6 +1003,9 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                                                       local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
+    ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
+    # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
+    val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
@@ -1027,7 +1050,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                                          run.say, split, skipped)
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()  # the summary's peak is the run's, not the trials'
-    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn)
+    arguments.check_ramp_unit(ramp, args, world_size)
+    train_loader, val_loader = make_loaders(args, rank, world_size, run.warn, val_rows)
     start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
         ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
     if ddp and not fsdp:
@@ -1041,16 +1065,16 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                   if args.core_every else None)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
-    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule,
+    run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule, ramp,
                          borrowed_settings(args, build_parser(), RUN_PRESETS, RECIPES) if ckpt is None else ()),
-              ckpt=ckpt, ckpt_path=ckpt_path,
+              ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
               flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
-                         score_core=score_core, start_step=start_step, tokens_seen=tokens_seen)
+                         score_core=score_core, start_step=start_step, tokens_seen=tokens_seen, ramp=ramp)
 
 
 def model_config(args, saved_config=None):
@@ -1228,6 +1252,7 @@ def parse_args(argv=None, saved_args=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    arguments.check_torchrun_environment(os.environ)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
     ckpt_path, ckpt, saved_config = None, None, None

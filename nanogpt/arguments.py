@@ -110,6 +110,24 @@ def check_schedule(args, master):
               "so the learning rate spends most of it warming up; lower --warmup_steps for a short run")
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_torchrun_environment(environ):
+    """RANK in the environment means torchrun started this process, which sets the others beside it; a cluster job's
+    environment may set RANK alone. Refused in one line, before any work, naming what is missing."""
+    if "RANK" not in environ:
+        return
+    missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
+    bad = [name for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if name in environ and not environ[name].isdigit()]
+    if missing or bad:
+        what = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set" if missing
+                else f"{', '.join(bad)} is not a whole number")
+        raise UserError(f"RANK={environ['RANK']} is in the environment but {what}, as they are when torchrun starts "
+                        "the processes (a cluster job's environment may set RANK alone): start with torchrun "
+                        "(docs/scale.md), or unset RANK to run one process")
+
+
 def check_batch_warmup(args, world_size):
     """Refuse a batch warm-up that cannot be made of whole micro-batches."""
     micro = args.batch_size * args.seq_len * world_size
@@ -125,6 +143,16 @@ def check_batch_warmup(args, world_size):
         raise UserError(f"--batch_size_start {args.batch_size_start}: must be a multiple of "
                         f"batch_size*seq_len*world_size = {args.batch_size}*{args.seq_len}*{world_size} = {micro} "
                         f"from {micro} to --total_batch_size {args.total_batch_size}")
+
+
+def check_ramp_unit(ramp, args, world_size):
+    """Refuse a micro-batch that does not divide the batch warm-up's unit (train_gpt2.batch_ramp's; a resume on
+    another number of processes may)."""
+    micro = args.batch_size * args.seq_len * world_size
+    if ramp.get("unit") and ramp["unit"] % micro:
+        raise UserError(f"the run's batch warm-up grows in steps of {ramp['unit']} tokens, which micro-batches of "
+                        f"batch_size*seq_len*world_size = {args.batch_size}*{args.seq_len}*{world_size} = {micro} "
+                        f"tokens do not divide; give a --batch_size or a number of processes that divides it")
 
 
 def check_batch_split(args, world_size, resuming=False):
@@ -280,16 +308,58 @@ def fits_on_gpu(peak_bytes, gpu_bytes):
     return peak_bytes * (1 + GPU_FRAGMENTATION) + GPU_CONTEXT_BYTES <= gpu_bytes
 
 
-def available_memory_bytes():
-    """MemAvailable of this machine (Linux), or None where it cannot be read."""
+def available_memory_bytes(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """The memory this process may still take (Linux): the smaller of the machine's MemAvailable and its memory
+    cgroup's room (a container's limit: docker --memory, Kubernetes, Slurm), whose kernel kills a process that
+    passes it with no word; None where neither can be read. The roots are parameters for tests."""
+    have = []
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        with open(os.path.join(proc_root, "meminfo")) as f:
+            have += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
         pass
-    return None
+    room = cgroup_room(proc_root, cgroup_root)
+    if room is not None:
+        have.append(room)
+    return min(have) if have else None
+
+
+NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a huge number (9223372036854771712), v2 as "max"
+
+
+def cgroup_room(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """The bytes this process's memory cgroups leave it, the least over its cgroup and those above it (each may
+    have a limit): v2's memory.max - memory.current, v1's memory.limit_in_bytes - memory.usage_in_bytes; None where
+    none has a limit or none can be read."""
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    places = []  # (folder of the hierarchy, limit file, usage file, the cgroup's path in it)
+    for fields in lines:
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":
+            places.append((cgroup_root, "memory.max", "memory.current", path))
+        elif "memory" in controllers.split(","):
+            places.append((os.path.join(cgroup_root, "memory"), "memory.limit_in_bytes", "memory.usage_in_bytes", path))
+    rooms = []
+    for mount, limit_file, usage_file, path in places:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the cgroup, then each above it (a container sees its own as /)
+            folder = os.path.join(mount, *parts[:depth])
+            try:
+                with open(os.path.join(folder, limit_file)) as f:
+                    limit = f.read().strip()
+                with open(os.path.join(folder, usage_file)) as f:
+                    usage = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if limit != "max" and limit.isdigit() and int(limit) < NO_LIMIT:
+                rooms.append(max(0, int(limit) - usage))
+    return min(rooms) if rooms else None
 
 
 def widening_flags(args):

@@ -160,11 +160,15 @@ def checkpoint_config(ckpt, path, config_class):
 
 
 def training_checkpoint(model_state, optimizer_state, config, step, tokens, loader_state, scaler, args, device_type,
-                        schedule=None):
+                        schedule=None, fixed=None):
     """What a checkpoint holds: the state after `step`'s update (weights, optimizer, loss scaler), the tokens
     trained on up to and with it, the model config (every field), the data position, the RNGs and the run's arguments;
-    `schedule` only where a resume moved the learning-rate schedule (a plain run's file is as it always was)."""
+    `schedule` only where a resume moved the learning-rate schedule (a plain run's file is as it always was); `fixed`:
+    what the run fixed when it started, whatever micro-batch it takes now: validation's rows per batch (val_rows) and,
+    where the batch warms up, the ramp (train_gpt2.batch_ramp's start and unit in tokens)."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v and (k != "ramp" or v.get("unit"))}
     return {**({"schedule": schedule} if schedule else {}),
+            **fixed,
             "model": model_state,
             "optimizer": optimizer_state,
             "step": step,

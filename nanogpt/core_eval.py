@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from nanogpt.cli import INT_MAX, UserError
-from nanogpt.evaluation import (download, from_rank0, pad_multiple_of, round_up, score_rows, scoring_context,
-                                text_lines)
+from nanogpt.evaluation import (download, from_rank0, in_loop_fix, out_of_memory_said, pad_multiple_of, round_up,
+                                score_rows, scoring_context, text_lines)
 from nanogpt.shards import ROOT
 from nanogpt.tokenizer import get_tokenizer
 
@@ -456,4 +456,8 @@ def scorer_for_training(bundle, max_per_task, ddp, rank, world_size, device, fsd
     enc = get_tokenizer()
     share_rank, shares = (0, 1) if fsdp else (rank, world_size)
     rendered = [render_examples(task, enc, range(share_rank, len(task.examples), shares)) for task in tasks]
-    return lambda model: evaluate(model, tasks, enc, device, share_rank, shares, rendered=rendered)
+
+    def score(model):
+        with out_of_memory_said(device, "CORE in the training loop", in_loop_fix("core_every", "evaluate.py")):
+            return evaluate(model, tasks, enc, device, share_rank, shares, rendered=rendered)
+    return score

@@ -168,11 +168,18 @@ def evaluation_run(args, setup_distributed, load_model):
 
 
 @contextmanager
-def out_of_memory_said(device, scoring):
-    """Running out of memory inside is one line: scoring says how much one pass held (the fix: less)."""
+def out_of_memory_said(device, scoring, fix="lower --batch_size, or score on another --device (cpu)"):
+    """Running out of memory inside is one line: scoring says what one pass held, fix what helps (a script's own
+    flags; in the training loop, the flag that turns the evaluation off: its --batch_size does not reach it)."""
     try:
         yield
     except RuntimeError as e:
         if not is_out_of_memory(e):
             raise
-        raise UserError(f"out of memory on {device} scoring {scoring} per pass; lower --batch_size") from None
+        raise UserError(f"out of memory on {device} scoring {scoring}; {fix}") from None
+
+
+def in_loop_fix(every, script):
+    """out_of_memory_said's fix for an evaluation of the training loop, which --batch_size does not size."""
+    return (f"the training loop's --batch_size does not size it: pass --{every} 0 to turn it off, and score the saved "
+            f"checkpoints with {script} (its own --batch_size and --device)")

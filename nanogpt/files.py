@@ -90,6 +90,9 @@ def check_output_file(path, flag):
     Nothing is changed (a probe file under a temporary name is created and removed)."""
     if not path:
         raise UserError(f"{flag} is empty; give a file name")
+    if path.endswith(("/", os.sep)) and not os.path.isdir(path):
+        raise UserError(f"{flag} {path} ends in '/', which names a folder, not a file; give a file name "
+                        f"(e.g. {os.path.join(path, 'result.json')})")
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):

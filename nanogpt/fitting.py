@@ -88,6 +88,44 @@ def smaller_batch_size(batch_size):
     return next((b for b in range(batch_size // 2, 0, -1) if batch_size % b == 0), None)
 
 
+def update_count(state):
+    """A parameter's count of updates in AdamW's state (its "step"), as a 0-d tensor of this process."""
+    count = torch.as_tensor(state["step"])
+    return (count.to_local() if hasattr(count, "to_local") else count).detach().float().reshape(())
+
+
+def update_count_now(optimizer):
+    """AdamW's count of updates (its "step") as it is before an optimizer step, or None (no state yet, or Muon's:
+    it keeps no count), copied without waiting for the device: one parameter's, since between steps every
+    parameter's count is the same (each step updates them all, or skips them all). What weights_untouched compares
+    a failed step with; a few operations a step, whatever the model's size."""
+    optimizers = local_optimizers(optimizer)
+    if any(isinstance(opt, Muon) for opt in optimizers):
+        return None
+    for opt in optimizers:
+        for state in opt.state.values():
+            return update_count(state).clone() if "step" in state else None
+    return None
+
+
+def weights_untouched(optimizer, before):
+    """Whether an optimizer step that failed changed no weight: every parameter's update count is still before's
+    (update_count_now's before the step; none: 0, and a parameter whose state the step made counts 0), and no state
+    keeps no count (Muon's momentum: its update may have begun). A group's counts move as its update begins, so a
+    group begun shows. The state the step made (zeros) is dropped."""
+    was = float(before) if before is not None else 0.0
+    made = []
+    for opt in local_optimizers(optimizer):
+        for p, state in opt.state.items():
+            if "step" not in state or update_count(state).item() != was:
+                return False
+            if was == 0.0:
+                made.append((opt, p))
+    for opt, p in made:
+        del opt.state[p]
+    return True
+
+
 def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from nanogpt.cli import UserError
-from nanogpt.evaluation import (download, from_rank0, pad_multiple_of, round_up, score_rows, scoring_context,
-                                text_lines)
+from nanogpt.evaluation import (download, from_rank0, in_loop_fix, out_of_memory_said, pad_multiple_of, round_up,
+                                score_rows, scoring_context, text_lines)
 from nanogpt.shards import ROOT
 from nanogpt.tokenizer import get_tokenizer
 
@@ -254,4 +254,9 @@ def hellaswag_scorer(args, rank, world_size, device, fsdp):
     if not examples:
         return None
     tokenizer, share_rank, shares = get_tokenizer(), (0 if fsdp else rank), (1 if fsdp else world_size)
-    return lambda model: evaluate(model, examples, tokenizer, device, rank=share_rank, world_size=shares)
+
+    def score(model):
+        fix = in_loop_fix("hellaswag_every", "hellaswag.py")
+        with out_of_memory_said(device, "HellaSwag in the training loop", fix):
+            return evaluate(model, examples, tokenizer, device, rank=share_rank, world_size=shares)
+    return score

@@ -6,6 +6,7 @@ loss on the first batches of the validation split, and samples of the model's te
 import torch
 import torch.nn as nn
 
+from nanogpt.evaluation import out_of_memory_said
 from nanogpt.runtime import all_reduce_mean
 from nanogpt.tokenizer import SAMPLE_PROMPT, decode_sample, format_sample
 
@@ -31,16 +32,21 @@ def evaluation_model(model, use_compile):
 
 
 @torch.no_grad()
-def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
-    """Mean loss over the first `steps` batches of the val split (the same ones every time)."""
+def validation_loss(model, loader, steps, device, autocast, ddp, world_size, micro_batch=None):
+    """Mean loss over the first `steps` batches of the val split (the same ones every time), each read in
+    pieces of the largest divisor of its rows up to micro_batch (the run's micro-batch now, which an out-of-memory
+    retry may have made smaller): the tokens validated do not depend on it."""
     model.eval()
     loader.reset()
+    rows = next(b for b in range(min(micro_batch or loader.B, loader.B), 0, -1) if loader.B % b == 0)
+    pieces = loader.B // rows
     total = torch.zeros((), device=device)
     for _ in range(steps):
         x, y = loader.next_batch()
-        with autocast:
-            _, loss = model(x.to(device), y.to(device))
-        total += loss.detach().float() / steps
+        for xs, ys in zip(x.split(rows), y.split(rows)):
+            with autocast:
+                _, loss = model(xs.to(device), ys.to(device))
+            total += loss.detach().float() / (steps * pieces)
     return all_reduce_mean(total, ddp, world_size).item()
 
 
@@ -48,6 +54,8 @@ def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length
     """The loop's samples: continuations of SAMPLE_PROMPT, as in build-nanogpt."""
     prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)] * num_samples, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    with autocast:
+    fix = ("the training loop's --batch_size does not size them: pass --sample_every 0 to turn them off, and sample "
+           "the saved checkpoints with generate_tokens.py")
+    with out_of_memory_said(device, f"{num_samples} samples in the training loop", fix), autocast:
         out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
     return [format_sample(i, num_samples, decode_sample(tokenizer, row)) for i, row in enumerate(out.tolist())]

@@ -16,18 +16,18 @@ import torch
 from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
-from nanogpt.fitting import release_memory, smaller_batch_size
+from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
 from nanogpt.optimizers import rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
-from nanogpt.runtime import (RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory, local_peers,
-                             peer_gone, peer_gone_error)
+from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
+                             local_peers, peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
 class Run:
     """One training run's bookkeeping, on every rank (rank 0 writes). Use it as a context: from start() on
-    it catches SIGTERM/Ctrl-C (the loop stops after the step, with a checkpoint); at the end it closes the
-    log, and turns a collective that failed because another process died into one line naming the
+    it catches SIGTERM, Ctrl-C, SIGHUP and SIGUSR1 (the loop stops after the step, with a checkpoint); at the end it
+    closes the log, and turns a collective that failed because another process died into one line naming the
     checkpoint to resume."""
 
     def __init__(self, args, ddp, rank, device):
@@ -59,18 +59,22 @@ class Run:
         self.rank0.agree()
 
     def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
-              flops_per_token, peak):
+              flops_per_token, peak, fixed=None):
         """Everything is checked and built: open the log folder (rank 0) and print the run's header. What a
         checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
-        loader's position, where lr_schedule was moved; flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
-        self.model, self.optimizer, self.scaler, self.loader = model, optimizer, scaler, loader
+        loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
+        validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
+        self.model, self.optimizer, self.scaler, self.loader, self.fixed = model, optimizer, scaler, loader, fixed
+        # the optimizer's step, through the loop's own call: an out-of-memory in it is one line (step_optimizer)
+        self.optimizer_step, optimizer.step = optimizer.step, self.step_optimizer
         self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
         check_schedule(self.args, self.master)
-        # from here SIGTERM (a scheduler's) and Ctrl-C end the run after the step, with a checkpoint
-        self.old_handlers = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
+        # time limit) end the run after the step, with a checkpoint
+        self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
         peers = local_peers(self.rank) if self.ddp else {}
         if peers:  # a process that a signal finds waiting for a dead one cannot run that handler
             self.stuck_watch = StuckCollectiveWatch(self.args.log_dir, self.rank, peers, lambda: self.saving).start()
@@ -94,6 +98,7 @@ class Run:
         training step's), an out-of-memory in one process is instead readied to run again at a smaller
         micro-batch (attempt.retry)."""
         loader_state = self.loader.state_dict()
+        self.step, self.step_loader_state = step, loader_state  # the step running, and where its data began
         if attempt is not None:
             attempt.retry = False
         try:
@@ -127,6 +132,33 @@ class Run:
         self.args.batch_size = self.loader.B = smaller
         self.loader.load_state_dict(loader_state)
         return True
+
+    def step_optimizer(self, *args, **kwargs):
+        """The optimizer's step (Run.start puts it in the optimizer's place). Where it runs out of memory (AdamW makes
+        its state at its first step, two numbers a weight), a smaller micro-batch cannot help: one line naming what
+        does, and the state after the last completed step saved first, where the failed update changed no weight."""
+        before = update_count_now(self.optimizer)
+        try:
+            return self.optimizer_step(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (only an out-of-memory is answered here; the rest is raised)
+            if not is_out_of_memory(e):
+                raise
+            untouched = weights_untouched(self.optimizer, before)
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory(self.device_type)
+        step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
+        where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
+                 "optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller "
+                 f"--model{wide}")
+        newest = find_checkpoints(self.args.log_dir)
+        if not untouched:
+            raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "
+                            f"last good checkpoint: {newest[0] if newest else 'none'}")
+        if self.master and step > self.start_step and not self.saved_at(step - 1) and not (self.zero or self.fsdp):
+            newest = [self.save(step - 1, self.step_loader_state, self.tokens_seen)]
+        resume = (f"--resume continues from {newest[0]}" if newest and step > 0
+                  else "no step was completed, so nothing was saved")
+        raise UserError(f"{where}; the weights are unchanged, {resume}")
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health."""
@@ -167,7 +199,9 @@ class Run:
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             self.stop_if_broken(step, not weights_finite(self.model))  # no checkpoint holds weights that broke
             # under --zero 1 / --fsdp every rank takes part in gathering the state
-            gathered = gathered_state_dicts(self.model, self.optimizer, self.zero, self.fsdp, self.master)
+            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
+                                                                             self.fsdp, self.master),
+                                                f"gathering the state of step {step} for its checkpoint")
             self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
             del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
             if self.ddp:
@@ -184,16 +218,37 @@ class Run:
                                                                            self.optimizer.state_dict())
         path = checkpoint_path(self.args.log_dir, step)
         self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
-        try:
-            save_checkpoint(path, training_checkpoint(model_state, optimizer_state, self.model.config, step,
-                                                      tokens_seen, loader_state, self.scaler, self.args,
-                                                      self.device_type, self.lr_schedule.moved()))
+        try:  # (the state is copied to the host as it is written)
+            self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
+                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
+                self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
         finally:
             self.saving = False
         if self.args.keep_checkpoints:
             prune_checkpoints(self.args.log_dir, step, self.args.keep_checkpoints)
         self.say(f"saved {path}")
         return path
+
+    def freeing_memory_once(self, work, what):
+        """work(), run once more after an out-of-memory, with what the step left freed first (its gradients, the
+        allocator's cached blocks); a second out-of-memory is one line naming `what` (an atomic write leaves the
+        earlier checkpoints intact)."""
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001 (only an out-of-memory is answered here; the rest is raised)
+            if not is_out_of_memory(e):
+                raise
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory(self.device_type)
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001
+            if not is_out_of_memory(e):
+                raise
+        newest = find_checkpoints(self.args.log_dir)
+        raise UserError(f"out of memory {what}, also after freeing the step's gradients and cached memory; earlier "
+                        f"checkpoints are intact (newest: {newest[0] if newest else 'none'}): free memory on this "
+                        "machine (other processes) and --resume") from None
 
     def summary(self, world_size, tokens_seen, epoch_tokens):
         """The run's last lines: optimizer state per rank (torchrun), then the summary."""

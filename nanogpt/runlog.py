@@ -177,10 +177,12 @@ def trim_log(log_file, last_step):
         f.writelines(kept)
 
 
-def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule, borrowed=()):
-    """The run's first lines: where it runs, the model, the batch split, the validation's size, the recipe and its
-    learning-rate schedule, and the settings the run took from its --model preset or --recipe rather than the
-    command line (borrowed: [(source, {name: value})], e.g. ("--model tiny", {"batch_size": 8}))."""
+def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule, ramp=None,
+               borrowed=()):
+    """The run's first lines: where it runs, the model, the batch split (and the batch warm-up's, ramp), the
+    validation's size, the recipe and its learning-rate schedule, and the settings the run took from its --model
+    preset or --recipe rather than the command line (borrowed: [(source, {name: value})], e.g. ("--model tiny",
+    {"batch_size": 8}))."""
     B, T = args.batch_size, args.seq_len
     lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
              f"model {model.config} | {model.num_params():,} parameters",
@@ -200,8 +202,10 @@ def run_header(args, device, dtype, use_compile, world_size, model, accumulation
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "
                      "(a transformers config's dropout settings are not used)")
     if args.batch_size_warmup_tokens:
-        lines.append(f"batch warm-up: from {args.batch_size_start or B * T * world_size} to {args.total_batch_size} "
-                     f"tokens per step over the first {args.batch_size_warmup_tokens:,} tokens")
+        ramp = ramp or {}  # train_gpt2.batch_ramp's
+        unit = ramp.get("unit") or B * T * world_size
+        lines.append(f"batch warm-up: from {ramp.get('start') or unit} to {args.total_batch_size} tokens per step over "
+                     f"the first {args.batch_size_warmup_tokens:,} tokens, in steps of {unit} tokens")
     return "\n".join(lines)
 
 

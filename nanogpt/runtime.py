@@ -106,8 +106,14 @@ def choose_compile(asked, device, say):
     return False
 
 
+# What ends a run after its step, with a checkpoint: a scheduler's SIGTERM, Ctrl-C, a closed terminal's SIGHUP, and
+# SIGUSR1 (Slurm's warning before a time limit, `#SBATCH --signal=USR1@300`); those a platform lacks are left out
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+                     if hasattr(signal, name))
+
+
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop checks it between steps and checkpoints before leaving."""
+    """Set by STOP_SIGNALS; the loop checks it between steps and checkpoints before leaving."""
 
     def __init__(self):
         self.set = False
@@ -119,7 +125,7 @@ class StopFlag:
 @contextmanager
 def stop_on_signals():
     stop = StopFlag()
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
         yield stop
     finally:
@@ -302,7 +308,7 @@ class StuckCollectiveWatch:
         return next((r for r, (pid, start) in self.peers.items() if process_start(pid) != start), None)
 
     def watch(self, read_fd):
-        while os.read(read_fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
+        while os.read(read_fd, 1)[0] not in STOP_SIGNALS:
             pass
         while (rank := self.gone()) is None:
             if self.stopped.wait(CHECK_EVERY_S):

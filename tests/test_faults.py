@@ -442,3 +442,30 @@ def test_newer_checkpoints_that_do_not_fit_their_own_model_are_skipped(shards, t
     for step in broken:
         assert re.search(rf"skipping checkpoint: \S*model_{step:05d}\.pt: its weights or optimizer state do not fit", err)
     assert sorted(read_log(log_dir)["train"]) == list(range(7))  # resumed after step 5, the good checkpoint
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1])
+def test_sighup_and_sigusr1_end_the_run_with_a_checkpoint_as_sigterm_does(shards, tmp_path, monkeypatch, capsys,
+                                                                          signum):
+    """A closed terminal (SIGHUP) or Slurm's warning before its time limit (SIGUSR1), met in step 2's forward: the
+    step ends, its state is saved, and the run stops. (The test's own handler stands in while the run has none, so
+    that a run that ignored the signal would go on instead of ending pytest.)"""
+    got = []
+    old = signal.signal(signum, lambda *a: got.append(a))
+    forward, calls = train_gpt2.GPT.forward, []
+
+    def signalling(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # step 2's first (two micro-steps a step)
+            os.kill(os.getpid(), signum)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", signalling)
+    log_dir = str(tmp_path / "log")
+    try:
+        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "0")
+    finally:
+        signal.signal(signum, old)
+    assert "stopped by signal after step 2" in capsys.readouterr().out and not got
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 2]
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00002.pt"]

@@ -191,3 +191,185 @@ def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_fre
                                                                     shards=8), gib * GiB) for size in (b, 2 * b)]
         assert fits[0] and (b == 64 or not fits[1]), (gib, b, fits)
     assert pick(40, world_size=2) <= pick(40, world_size=8)
+
+def test_the_batch_ramp_is_the_same_at_any_micro_batch(tmp_path, monkeypatch, capsys):
+    """A --batch_size_warmup_tokens ramp is fixed in tokens when the run starts, in steps of the largest micro-batch
+    it may take: --batch_size auto's pick (2 of the cap 8) and an out-of-memory retry at step 1 (8 -> 4) train the
+    tokens of each step that the run given micro-batch 8 by hand trains, and the checkpoint keeps the ramp."""
+    data = make_shards(str(tmp_path / "data"))
+    ramp = ["--total_batch_size", "1024", "--batch_size_warmup_tokens", "1024", "--max_steps", "5", "--save_every", "0"]
+
+    def batches(batch_size, log_dir):
+        train_gpt2.main([*tiny_run(data, tmp_path / log_dir, batch_size), *ramp])
+        out = capsys.readouterr().out
+        return [int(line.split("| batch ")[1].split()[0]) for line in out.splitlines() if "| batch " in line], out
+
+    want = [256, 256, 512, 1024, 1024]  # 256 + 768 x seen / 1024, in whole 256s (8 rows of 32); then the full 1024
+    assert batches(8, "by_hand")[0] == want
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    steps, out = batches("auto", "auto")
+    assert "micro-batch 2" in out and steps == want
+    monkeypatch.undo()
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_once_at(2, limit_after=4))  # step 1's first micro-step
+    steps, out = batches(8, "retried")
+    assert "step 1: out of memory at micro-batch 8" in out and steps == want
+    by_hand = read_log(str(tmp_path / "by_hand"))["train"]
+    for run in ("auto", "retried"):
+        got = read_log(str(tmp_path / run))["train"]
+        assert all(abs(got[s] - by_hand[s]) < 1e-5 for s in by_hand), (run, got, by_hand)
+    assert torch.load(tmp_path / "retried" / "model_00004.pt", weights_only=True)["ramp"] == {"start": 256, "unit": 256}
+
+
+def test_validation_reads_the_same_tokens_after_a_retry_and_a_resume(tmp_path, monkeypatch, capsys):
+    """Micro-batch 4, validated every 2 steps: step 3 runs out of memory and the run goes on at 2, validation too (its
+    batches of 4 rows read in pieces of 2); resumed from the checkpoint after step 3 (micro-batch 2), the log is the
+    uninterrupted one's, and its validation losses are those of the run that never ran out of memory."""
+    data = make_shards(str(tmp_path / "data"))
+    evals = ["--eval_every", "2"]  # steps 0, 2, 4, 5; 2 forwards each (--val_steps 2)
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_once_at(2 + 2 + 2 + 2 + 2 + 1, limit_after=2))  # step 3's
+    train_gpt2.main([*tiny_run(data, tmp_path / "retried", 4), *evals])
+    assert "step 3: out of memory at micro-batch 4" in capsys.readouterr().out
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "retried", resumed, ignore=shutil.ignore_patterns("model_00005.pt"))
+    monkeypatch.undo()
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    train_gpt2.main([*tiny_run(data, resumed, None), *evals, "--resume"])
+    assert open(resumed / "log.txt").read() == open(tmp_path / "retried" / "log.txt").read()
+    monkeypatch.undo()
+    train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), *evals])
+    val, want = (read_log(str(tmp_path / d))["val"] for d in ("resumed", "reference"))
+    assert val.keys() == want.keys() == {0, 2, 4, 5} and all(abs(val[s] - want[s]) < 2e-4 for s in want), (val, want)
+
+
+def failing_optimizer_step(call, after_update):
+    """AdamW's step, raising torch.OutOfMemoryError at its call-th call: before it changes anything (AdamW making its
+    state), or after_update (as one that ran out of memory half-way through its parameters would have changed some)."""
+    step, calls = torch.optim.AdamW.step, []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call and not after_update:
+            raise torch.OutOfMemoryError("injected")
+        result = step(self, *args, **kwargs)
+        if len(calls) == call:
+            raise torch.OutOfMemoryError("injected")
+        return result
+    return flaky
+
+
+def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_path, monkeypatch, capsys):
+    """Step 3's optimizer step runs out of memory: before any weight changed, the state after step 2 is saved (the
+    checkpoint a run of 3 steps writes) and one line names what helps (--zero 1, --fsdp, a smaller --model); after
+    the update began, nothing is saved and the line names the last good checkpoint (after step 1)."""
+    data = make_shards(str(tmp_path / "data"))
+    train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), "--max_steps", "3"])
+    for after_update in (False, True):
+        log_dir = tmp_path / f"after_update_{after_update}"
+        monkeypatch.setattr(torch.optim.AdamW, "step", failing_optimizer_step(4, after_update))
+        result = script_cli(capsys, train_gpt2.main, *tiny_run(data, log_dir, 4))
+        monkeypatch.undo()
+        assert_cli_error(result, "out of memory in the optimizer's step at step 3", "--zero 1", "--fsdp", "--model")
+        assert sorted(read_log(str(log_dir))["train"]) == [0, 1, 2]
+        if after_update:
+            assert "last good checkpoint: " + os.path.join(str(log_dir), "model_00001.pt") in result[2]
+            assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
+        else:
+            assert "--resume continues from " + os.path.join(str(log_dir), "model_00002.pt") in result[2]
+            saved, want = (torch.load(d / "model_00002.pt", weights_only=True)
+                           for d in (log_dir, tmp_path / "reference"))
+            assert all(torch.equal(saved["model"][k], want["model"][k]) for k in want["model"])
+            assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
+            a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
+            assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
+
+
+def failing_save(calls):
+    """torch.save that writes a few bytes and raises torch.OutOfMemoryError at these calls (counting from 1), as one
+    that ran out of memory copying the state to the host would; the others save."""
+    save, made = torch.save, []
+
+    def flaky(obj, f, *args, **kwargs):
+        made.append(1)
+        if len(made) in calls:
+            f.write(b"partial")
+            raise torch.OutOfMemoryError("injected")
+        return save(obj, f, *args, **kwargs)
+    return flaky
+
+
+def test_out_of_memory_writing_a_checkpoint_tries_once_more(tmp_path, monkeypatch, capsys):
+    """Checkpoints after steps 1, 3 and 5: the first write runs out of memory once and is tried again, the run the
+    same as one that never did; where step 3's runs out of memory twice, one line, and step 1's checkpoint intact."""
+    data = make_shards(str(tmp_path / "data"))
+    train_gpt2.main(tiny_run(data, tmp_path / "reference", 4))
+    monkeypatch.setattr(torch, "save", failing_save({1}))
+    train_gpt2.main(tiny_run(data, tmp_path / "once", 4))
+    logs_and_weights_equal(str(tmp_path / "once"), str(tmp_path / "reference"))
+    monkeypatch.setattr(torch, "save", failing_save({2, 3}))
+    result = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "twice", 4))
+    assert_cli_error(result, "out of memory writing " + os.path.join(str(tmp_path / "twice"), "model_00003.pt"),
+                     "earlier checkpoints are intact", "model_00001.pt")
+    assert sorted(os.listdir(tmp_path / "twice")) == ["log.txt", "model_00001.pt"]
+    kept, want = (load_weights(tmp_path / d / "model_00001.pt") for d in ("twice", "reference"))
+    assert all(torch.equal(kept[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("evaluation,flags,fix", [
+    ("HellaSwag", ["--hellaswag_every", "2", "--hellaswag_data", None], "pass --hellaswag_every 0"),
+    ("samples", ["--sample_every", "2"], "pass --sample_every 0")])
+def test_out_of_memory_in_an_evaluation_of_the_loop_names_its_flag(tmp_path, monkeypatch, capsys, evaluation, flags,
+                                                                   fix):
+    """HellaSwag's or the samples' forward runs out of memory at step 2: the line names the flag that turns that
+    evaluation off (the run's --batch_size does not size it), and the state after step 1 is saved."""
+    from conftest import write_hellaswag
+
+    data = make_shards(str(tmp_path / "data"))
+    flags = [str(write_hellaswag(tmp_path / "hs.jsonl")) if f is None else f for f in flags]
+    forward, trained = train_gpt2.GPT.forward, []
+
+    def training_only(self, *args, **kwargs):  # after steps 0 and 1 (two micro-steps each)
+        if not self.training and len(trained) >= 4:
+            raise torch.OutOfMemoryError("injected")
+        trained.extend([1] if self.training else [])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", training_only)
+    monkeypatch.setattr(train_gpt2.GPT, "decode_step", failing_above(-1))  # sampling's step (every call fails)
+    result = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), *flags)
+    scored = "HellaSwag" if evaluation == "HellaSwag" else "4 samples"
+    assert_cli_error(result, f"scoring {scored} in the training loop", fix)
+    assert "lower --batch_size" not in result[2] and os.path.exists(tmp_path / "log" / "model_00001.pt")
+
+
+@pytest.mark.parametrize("fail_at,untouched", [(3, True), (None, False)])
+def test_an_optimizer_step_that_fails_making_its_state_is_told_from_one_that_changed_weights(monkeypatch, fail_at,
+                                                                                              untouched):
+    """AdamW's first step makes its state group by group, updating each group once its state is made: out of memory
+    in the first group's state changes no weight (and the state it made is dropped); in the second group's, the
+    first group's weights have changed. weights_untouched says which, checked against the weights themselves."""
+    from nanogpt.fitting import update_count_now, weights_untouched
+
+    torch.manual_seed(0)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu")
+    x = torch.randint(0, 64, (2, 8))
+    model(x, x)[1].backward()
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    first_group = len(optimizer.param_groups[0]["params"])
+    fail_at = fail_at or 2 * first_group + 1  # exp_avg and exp_avg_sq of each: the first of the second group
+    zeros_like, made = torch.zeros_like, []
+
+    def failing(*args, **kwargs):
+        made.append(1)
+        if len(made) == fail_at:
+            raise torch.OutOfMemoryError("injected")
+        return zeros_like(*args, **kwargs)
+
+    before = update_count_now(optimizer)
+    monkeypatch.setattr(torch, "zeros_like", failing)
+    with pytest.raises(torch.OutOfMemoryError):
+        optimizer.step()
+    monkeypatch.undo()
+    changed = any(not torch.equal(p, weights[name]) for name, p in model.named_parameters())
+    assert weights_untouched(optimizer, before) == untouched == (not changed)
+    assert not optimizer.state if untouched else len(optimizer.state) >= first_group

@@ -66,3 +66,40 @@ def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_
                 arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
         else:
             arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
+
+
+def fake_machine(tmp, cgroup_lines, files, mem_available_kb=64 * 2**20):
+    """A /proc and a /sys/fs/cgroup of a machine with 64 GiB available (unless told): (proc, cgroup root)."""
+    proc, root = tmp / "proc", tmp / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: {2 * mem_available_kb} kB\nMemAvailable: {mem_available_kb} kB\n")
+    (proc / "self" / "cgroup").write_text("".join(line + "\n" for line in cgroup_lines))
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text + "\n")
+    return str(proc), str(root)
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("cgroup_lines,files,room", [
+    # cgroup v2: the job's 8 GiB limit above a step's unlimited cgroup, 3 GiB of it used
+    (["0::/job/step"], {"job/memory.max": str(8 * GIB), "job/memory.current": str(3 * GIB),
+                        "job/step/memory.max": "max", "job/step/memory.current": str(GIB)}, 5 * GIB),
+    # v2 inside a container (its cgroup seen as /): the smaller of two limits
+    (["0::/"], {"memory.max": str(2 * GIB), "memory.current": str(GIB // 2)}, GIB + GIB // 2),
+    # cgroup v1: docker --memory 4g, its path outside the container not mounted inside (the root is the container's)
+    (["4:memory:/docker/abc", "0::/"], {"memory/memory.limit_in_bytes": str(4 * GIB),
+                                         "memory/memory.usage_in_bytes": str(GIB)}, 3 * GIB),
+    # no limits: v1's huge number, v2's "max"; the machine's MemAvailable then
+    (["4:memory:/", "0::/"], {"memory/memory.limit_in_bytes": "9223372036854771712",
+                              "memory/memory.usage_in_bytes": str(GIB), "memory.max": "max",
+                              "memory.current": str(GIB)}, None),
+])
+def test_available_memory_is_the_smaller_of_the_machine_and_its_cgroup(tmp_path, cgroup_lines, files, room):
+    proc, root = fake_machine(tmp_path, cgroup_lines, files)
+    assert arguments.cgroup_room(proc, root) == room
+    assert arguments.available_memory_bytes(proc, root) == (room or 64 * GIB)
+    proc, root = fake_machine(tmp_path / "small", cgroup_lines, files, mem_available_kb=2**20)  # 1 GiB available
+    assert arguments.available_memory_bytes(proc, root) == min(room or GIB, GIB)

@@ -92,3 +92,10 @@ def test_what_cannot_be_written_is_refused_in_one_line(tmp_path):
         assert "\n" not in str(e.value)
     sock.close()
     assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_a_name_ending_in_a_slash_is_refused(tmp_path):
+    """evaluate.py --json runs/ (a folder meant, not made yet): one line, and no file named runs is written."""
+    with pytest.raises(UserError, match="ends in '/', which names a folder") as e:
+        check_output_file(str(tmp_path / "runs") + "/", "--json")
+    assert "\n" not in str(e.value) and os.listdir(tmp_path) == []

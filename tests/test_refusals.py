@@ -215,3 +215,29 @@ def test_the_help_names_what_the_presets_and_recipes_set():
     assert "speedrun: --arch speedrun --optimizer muon --muon_lr 0.04" in helps["recipe"]
     args = train_gpt2.parse_args(["--model", "tiny"])
     assert (args.batch_size, args.seq_len, train_gpt2.parse_args(["--recipe", "speedrun"]).max_lr) == (8, 256, 3e-3)
+
+@pytest.mark.parametrize("env,missing", [({"RANK": "0"},
+                                          "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+                                         ({"RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "4"},
+                                          "MASTER_ADDR, MASTER_PORT are not set")])
+def test_rank_without_torchrun_is_one_line_before_any_work(data, tmp_path, monkeypatch, env, missing):
+    """A cluster job's environment with RANK (and maybe more) but not all torchrun sets: one line (run_cli prints a
+    UserError as one line; under RANK it then leaves as a torchrun worker, so main is called here), no log folder."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(train_gpt2.UserError) as refused:
+        train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "1"])
+    for needle in (f"RANK={env['RANK']}", missing, "start with torchrun", "unset RANK"):
+        assert needle in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "log").exists()
+
+
+def test_rank_without_torchrun_in_the_evaluation_scripts_is_one_line(monkeypatch):
+    """hellaswag.py and evaluate.py join torchrun's processes through train_gpt2.setup_distributed: the same line."""
+    for name in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(train_gpt2.UserError, match="RANK=0 is in the environment but LOCAL_RANK, .* with torchrun"):
+        train_gpt2.setup_distributed("cpu")
