@@ -1066,7 +1066,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     accumulation = micro_batches_per_step(math.inf, args.batch_size * args.seq_len * world_size, args.total_batch_size)
     run.start(run_header(args, device, dtype, use_compile, world_size, raw_model, accumulation, lr_schedule, ramp,
-                         borrowed_settings(args, build_parser(), RUN_PRESETS, RECIPES) if ckpt is None else ()),
+                         borrowed_settings(args, build_parser(), RUN_PRESETS, RECIPES) if ckpt is None else (),
+                         val_rows),
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,

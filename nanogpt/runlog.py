@@ -178,19 +178,21 @@ def trim_log(log_file, last_step):
 
 
 def run_header(args, device, dtype, use_compile, world_size, model, accumulation_steps, lr_schedule, ramp=None,
-               borrowed=()):
+               borrowed=(), val_rows=None):
     """The run's first lines: where it runs, the model, the batch split (and the batch warm-up's, ramp), the
     validation's size, the recipe and its learning-rate schedule, and the settings the run took from its --model
     preset or --recipe rather than the command line (borrowed: [(source, {name: value})], e.g. ("--model tiny",
-    {"batch_size": 8}))."""
+    {"batch_size": 8})); val_rows: the rows of a validation batch, fixed when the run started (default: the
+    micro-batch)."""
     B, T = args.batch_size, args.seq_len
     lines = [f"device {device} | dtype {dtype} | compile {use_compile} | world size {world_size}",
              f"model {model.config} | {model.num_params():,} parameters",
              f"total batch {args.total_batch_size} tokens = {B} x {T} x {world_size} ranks "
              f"x {accumulation_steps} accumulation steps"]
     if args.eval_every:
-        lines.append(f"validation {args.val_steps * B * T * world_size:,} tokens every {args.eval_every} steps = "
-                     f"{args.val_steps} val_steps x {B} x {T} x {world_size} ranks")
+        rows = val_rows or B
+        lines.append(f"validation {args.val_steps * rows * T * world_size:,} tokens every {args.eval_every} steps = "
+                     f"{args.val_steps} val_steps x {rows} x {T} x {world_size} ranks")
     lines.append(f"recipe {args.recipe} | optimizer {args.optimizer} | lr schedule {lr_schedule.describe()}")
     for source, settings in borrowed:
         if settings:

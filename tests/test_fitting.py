@@ -373,3 +373,23 @@ def test_an_optimizer_step_that_fails_making_its_state_is_told_from_one_that_cha
     changed = any(not torch.equal(p, weights[name]) for name, p in model.named_parameters())
     assert weights_untouched(optimizer, before) == untouched == (not changed)
     assert not optimizer.state if untouched else len(optimizer.state) >= first_group
+
+
+def test_the_header_gives_the_validation_rows_auto_fixed_not_its_pick(tmp_path, monkeypatch, capsys):
+    """Under --batch_size auto validation reads batches of the largest micro-batch (8 rows here), whatever the trial
+    picks (2): the header's validation tokens are those the val loader hands out, counted as it does."""
+    data = make_shards(str(tmp_path / "data"))
+    monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
+    read, next_batch = [], train_gpt2.DataLoaderLite.next_batch
+
+    def counted(self, *args, **kwargs):
+        x, y = next_batch(self, *args, **kwargs)
+        if "_val_" in self.found_names[0]:
+            read.append(x.numel())
+        return x, y
+
+    monkeypatch.setattr(train_gpt2.DataLoaderLite, "next_batch", counted)
+    train_gpt2.main([*tiny_run(data, tmp_path / "auto"), "--eval_every", "1", "--max_steps", "1"])
+    out = capsys.readouterr().out
+    assert "micro-batch 2" in out
+    assert f"\nvalidation {sum(read):,} tokens every 1 steps = 2 val_steps x 8 x 32 x 1 ranks\n" in out, (read, out)
