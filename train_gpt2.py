@@ -314,7 +314,11 @@ class GPT(nn.Module):
         return block(x, kv_cache, *extra)
 
     def forward(self, idx, targets=None):
-        x = self.hidden_states(idx)
+        return self.head(self.hidden_states(idx), targets)
+
+    def head(self, x, targets=None):
+        """(logits, loss) of the hidden states x: the output head and, given targets, the loss (a method of its own,
+        which --fsdp compiles apart from its sharded Blocks)."""
         if self.loss_impl not in LOSS_IMPLS:
             raise ValueError(f"loss_impl {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
         if targets is not None and self.loss_impl == "chunked":

@@ -23,8 +23,9 @@ def choose_sharding(zero, fsdp, ddp, dtype, say):
 
 
 def shard_model(model, dtype, device_type, use_compile):
-    """FSDP2 in place: each Block is one unit (compiled for training: compile_for_training) (gathered for its forward and backward, freed after),
-    then the root, which holds the tied wte/lm_head weight, wpe and ln_f.
+    """FSDP2 in place: each Block is one unit (gathered for its forward and backward, freed after), then the
+    root, which holds the tied wte/lm_head weight, wpe and ln_f. With use_compile each Block's forward and the
+    root's head and loss are compiled for training (compile_for_training).
     bf16 on GPUs: the Blocks' weights are gathered and used in bf16 and their gradients reduced in
     fp32. Autocast stays on and the root stays fp32, so the residual stream, the embeddings'
     gradients, layer norms, softmax and the loss stay in fp32 as in a DDP bf16 run
@@ -40,15 +41,19 @@ def shard_model(model, dtype, device_type, use_compile):
             compile_for_training(block)
         fully_shard(block, mp_policy=policy)
     fully_shard(model)
+    if use_compile:  # the root's head and loss (the embeddings are lookups)
+        compile_for_training(model, "head")
     return model
 
 
-def compile_for_training(block):
-    """The Block's forward compiled (static shapes) for training, in place (parameter names keep no _orig_mod.),
-    and run eagerly without gradients: the evaluations and samples, run through the same sharded Blocks, would
-    otherwise bring their shapes (HellaSwag's, a KV cache's) into the training graph and make it dynamic."""
-    eager, compiled = block.forward, torch.compile(block.forward, dynamic=False)
-    block.forward = lambda *args: compiled(*args) if torch.is_grad_enabled() else eager(*args)
+def compile_for_training(module, method="forward"):
+    """A method of the module (a Block's forward, the root's head) compiled (static shapes) for training, in place
+    (parameter names keep no _orig_mod.), and run eagerly without gradients: the evaluations and samples, run
+    through the same sharded modules, would otherwise bring their shapes (HellaSwag's, a KV cache's) into the
+    training graph and make it dynamic."""
+    eager = getattr(module, method)
+    compiled = torch.compile(eager, dynamic=False)
+    setattr(module, method, lambda *args: compiled(*args) if torch.is_grad_enabled() else eager(*args))
 
 
 def zero_redundancy(optimizer):

@@ -36,7 +36,7 @@ class GraphRecorder:
 
         def recording_compile(target, **kwargs):
             kind = {"GPT": "training", "SpeedrunGPT": "training", "Evaluated": "evaluation"}.get(
-                type(target).__name__, "other")
+                type(target).__name__, getattr(target, "__qualname__", "other"))  # a method: "Block.forward"
             kwargs.pop("backend", None)
             return compile_(target, backend=self.backend(kind), **kwargs)
 
@@ -140,3 +140,31 @@ def test_the_cpus_foreach_adamw_is_decided_on_the_host(shards, tmp_path):
     before the step, its one read there (a CPU does not wait for it)."""
     step = host_work_of(shards, tmp_path, 2)
     assert step["host reads before the optimizer"] == 1, step
+
+
+def test_fsdp_compiles_the_blocks_and_the_head_for_training_only(tmp_path, monkeypatch):
+    """Under --fsdp each Block's forward and the root's head and loss are compiled (static shapes) for training;
+    calls without gradients (the evaluations, samples) run them eagerly and compile nothing, so their shapes never
+    reach the training graphs. FSDP2 over a one-process gloo group, the recording backend of the graphs' test."""
+    import torch.distributed as dist
+
+    from nanogpt.sharding import shard_model
+
+    recorder = GraphRecorder(monkeypatch)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = shard_model(train_gpt2.GPT(train_gpt2.GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32)),
+                            "fp32", "cpu", use_compile=True)
+        x = torch.randint(0, 50257, (2, 16))
+        for _ in range(2):
+            model(x, x.roll(1, 1))[1].backward()
+        trained = len(recorder.graphs)
+        with torch.no_grad():
+            logits, _ = model(torch.randint(0, 50257, (3, 7)))  # an evaluation's other shape
+    finally:
+        dist.destroy_process_group()
+    # each Block's forward and the head's, all static; nothing more without gradients
+    assert sorted(g["kind"] for g in recorder.graphs) == ["Block.forward", "Block.forward", "GPT.head"], recorder.graphs
+    assert not any(g["dynamic"] for g in recorder.graphs)
+    assert len(recorder.graphs) == trained and logits.shape == (3, 7, model.config.vocab_size)
