@@ -26,15 +26,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nanogpt import arguments, hf
-from nanogpt.checkpoints import (checkpoint_config, find_checkpoints, load_checkpoint, newest_checkpoint,
-                                 refuse_checkpoint_lookalikes, restore_training_state, resume_checkpoint, strip_prefixes)
+from nanogpt.checkpoints import (check_resumable, checkpoint_config, find_checkpoints, load_checkpoint,
+                                 newest_checkpoint, refuse_checkpoint_lookalikes, restore_training_state,
+                                 resume_checkpoint, resumed_schedule, strip_prefixes)
 from nanogpt.cli import (CLIParser, UserError, add_system_flags, add_weights_flags, borrowed_settings, brief,
                          name_settings_in_help, run_cli)
 from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_count, make_config, option,
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
-from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees, fit_batch_size,
-                             fits_by_trial, fits_in_memory, largest_batch_size, trial_step)
+from nanogpt.fitting import (batch_ramp, batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees,
+                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, trial_step)
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
@@ -549,27 +550,6 @@ def load_model(checkpoint=None, init_from=None, device="cpu", source=None):
     return model.to(device).eval()
 
 
-def check_resumable(ckpt, path):
-    """A UserError unless the checkpoint's weights and AdamW state fit the model its config describes.
-    Checked on the meta device: nothing the size of the model is allocated."""
-    config = checkpoint_config(ckpt, path, GPTConfig)
-    try:
-        with torch.device("meta"):
-            model = make_gpt(config)
-            run = ckpt.get("args", {})
-            optimizer = model.configure_optimizers(0.0, 1.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"),
-                                                   adamw_rates(run), run.get("muon_momentum_warmup", 0))
-            optimizer.load_state_dict(ckpt["optimizer"])
-            for p, state in optimizer.state.items():
-                if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):
-                    raise ValueError(f"optimizer state of shape {[tuple(v.shape) for v in state.values()]} "
-                                     f"for a parameter of shape {tuple(p.shape)}")
-            model.load_state_dict(strip_prefixes(ckpt["model"]), assign=True)  # checks names and shapes only
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
-        raise UserError(f"{path}: its weights or optimizer state do not fit the model its config describes "
-                        f"({brief(e)})") from None
-
-
 # -----------------------------------------------------------------------------
 # Data: a loader over llm.c-compatible token shards (nanogpt.shards reads and writes them)
 
@@ -771,7 +751,7 @@ def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, shape="cosine", warmdo
 
 class LRSchedule:
     """get_lr with a run's settings, the rate of each step: schedule(step). `start`, `start_lr`: where a resume
-    that changed the settings moved it (resumed_schedule); its checkpoints keep that (moved())."""
+    that changed the settings moved it (nanogpt.checkpoints.resumed_schedule); its checkpoints keep that (moved())."""
 
     SETTINGS = ("lr_schedule", "max_lr", "min_lr_frac", "warmup_steps", "max_steps", "warmdown_frac")
 
@@ -806,31 +786,6 @@ class LRSchedule:
                 f"{self.min_lr():.4e} at step {s['max_steps']}")
 
 
-def resumed_schedule(ckpt, args, say):
-    """The resumed run's LRSchedule. When the command line changes the schedule's settings, --schedule_change
-    says what becomes of it from the resume step: recompute (the new settings' schedule, as if the run had always
-    had them, from where an earlier resume moved it if one did: the rate may jump), stretch (from the rate it has now, down to the new minimum at the new
-    --max_steps, in the new shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
-    saved, moved = arguments.saved_arguments(ckpt), ckpt.get("schedule", {"start": 0, "start_lr": None})
-    if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
-        raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
-                        "it is damaged or not a checkpoint of train_gpt2.py")
-    before = LRSchedule({name: saved.get(name, getattr(args, name)) for name in LRSchedule.SETTINGS}, **moved)
-    if before.settings == LRSchedule.of(args).settings:
-        return LRSchedule.of(args, **moved)
-    step = ckpt["step"] + 1
-    now = LRSchedule.of(args, **{"recompute": moved, "restart": dict(start=step),
-                                 "stretch": dict(start=step, start_lr=before(step))}[args.schedule_change])
-    what = {"recompute": f"the schedule of the new settings from step {moved['start']} (--schedule_change stretch "
-                         "continues from the rate it has, restart warms up again)",
-            "stretch": f"from there {now.way_down()} down to {now.min_lr():.4e} at step {args.max_steps}",
-            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {now.way_down()} to "
-                       f"{now.min_lr():.4e} at step {args.max_steps}"}[args.schedule_change]
-    say(f"--resume: the learning-rate schedule changes: at step {step} the rate is {now(step):.4e} "
-        f"({before(step):.4e} under the checkpoint's settings); {what}")
-    return now
-
-
 def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
     """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
     that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
@@ -844,20 +799,6 @@ def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=Non
     start = start or unit
     tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
     return tokens // micro
-
-
-def batch_ramp(args, world_size, ckpt):
-    """The batch warm-up's start and rounding unit in tokens, micro_batches_per_step's keywords: fixed when the run
-    starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every smaller one
-    it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key "ramp"), so that
-    --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint written before
-    the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. {}: no warm-up."""
-    if not args.batch_size_warmup_tokens:
-        return {}
-    if ckpt is not None:
-        return ckpt.get("ramp", {"start": args.batch_size_start})
-    unit = args.batch_size * args.seq_len * world_size
-    return {"start": args.batch_size_start or unit, "unit": unit}
 
 
 # -----------------------------------------------------------------------------
@@ -1263,7 +1204,8 @@ def main(argv=None):
     ckpt_path, ckpt, saved_config = None, None, None
     refuse_checkpoint_lookalikes(args.log_dir)
     if args.resume and not args.overwrite:
-        ckpt_path, ckpt = resume_checkpoint(args.log_dir, master, check_resumable)
+        ckpt_path, ckpt = resume_checkpoint(args.log_dir, master,
+                                            functools.partial(check_resumable, config_class=GPTConfig, make_model=make_gpt))
         if ckpt is not None:
             saved_args, saved_config = arguments.saved_arguments(ckpt), checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
@@ -1283,7 +1225,7 @@ def main(argv=None):
     arguments.check_evaluations_context(args, config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    lr_schedule = resumed_schedule(ckpt, args, say) if ckpt is not None else LRSchedule.of(args)
+    lr_schedule = resumed_schedule(ckpt, args, say, LRSchedule) if ckpt is not None else LRSchedule.of(args)
     train(args, config, lr_schedule, ckpt, ckpt_path)
 
 

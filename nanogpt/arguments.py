@@ -146,7 +146,7 @@ def check_batch_warmup(args, world_size):
 
 
 def check_ramp_unit(ramp, args, world_size):
-    """Refuse a micro-batch that does not divide the batch warm-up's unit (train_gpt2.batch_ramp's; a resume on
+    """Refuse a micro-batch that does not divide the batch warm-up's unit (nanogpt.fitting.batch_ramp's; a resume on
     another number of processes may)."""
     micro = args.batch_size * args.seq_len * world_size
     if ramp.get("unit") and ramp["unit"] % micro:

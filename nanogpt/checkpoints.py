@@ -14,9 +14,11 @@ from dataclasses import asdict
 
 import torch
 
+from nanogpt.arguments import saved_arguments
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import config_from_checkpoint
 from nanogpt.files import CPUS, atomic_write, block_digests, disk_advice
+from nanogpt.optimizers import adamw_rates
 from nanogpt.sharding import load_optimizer_state
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -165,7 +167,7 @@ def training_checkpoint(model_state, optimizer_state, config, step, tokens, load
     trained on up to and with it, the model config (every field), the data position, the RNGs and the run's arguments;
     `schedule` only where a resume moved the learning-rate schedule (a plain run's file is as it always was); `fixed`:
     what the run fixed when it started, whatever micro-batch it takes now: validation's rows per batch (val_rows) and,
-    where the batch warms up, the ramp (train_gpt2.batch_ramp's start and unit in tokens)."""
+    where the batch warms up, the ramp (nanogpt.fitting.batch_ramp's start and unit in tokens)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v and (k != "ramp" or v.get("unit"))}
     return {**({"schedule": schedule} if schedule else {}),
             **fixed,
@@ -203,6 +205,54 @@ def restore_training_state(ckpt, optimizer, scaler, train_loader, device_type, t
                         "it is not a checkpoint of this program's training") from None
     step = ckpt["step"] + 1
     return step, ckpt["tokens"] if isinstance(ckpt.get("tokens"), int) else step * total_batch_size
+
+
+def check_resumable(ckpt, path, config_class, make_model):
+    """A UserError unless the checkpoint's weights and optimizer state fit the model its config describes
+    (config_class: train_gpt2's GPTConfig; make_model(config): its GPT). Checked on the meta device: nothing the
+    size of the model is allocated. resume_checkpoint's check, with the two given."""
+    config = checkpoint_config(ckpt, path, config_class)
+    try:
+        with torch.device("meta"):
+            model = make_model(config)
+            run = ckpt.get("args", {})
+            optimizer = model.configure_optimizers(0.0, 1.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"),
+                                                   adamw_rates(run), run.get("muon_momentum_warmup", 0))
+            optimizer.load_state_dict(ckpt["optimizer"])
+            for p, state in optimizer.state.items():
+                if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):
+                    raise ValueError(f"optimizer state of shape {[tuple(v.shape) for v in state.values()]} "
+                                     f"for a parameter of shape {tuple(p.shape)}")
+            model.load_state_dict(strip_prefixes(ckpt["model"]), assign=True)  # checks names and shapes only
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        raise UserError(f"{path}: its weights or optimizer state do not fit the model its config describes "
+                        f"({brief(e)})") from None
+
+
+def resumed_schedule(ckpt, args, say, schedule_class):
+    """The resumed run's learning-rate schedule (schedule_class: train_gpt2's LRSchedule). When the command line
+    changes the schedule's settings, --schedule_change says what becomes of it from the resume step: recompute (the
+    new settings' schedule, as if the run had always had them, from where an earlier resume moved it if one did: the
+    rate may jump), stretch (from the rate it has now, down to the new minimum at the new --max_steps, in the new
+    shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
+    saved, moved = saved_arguments(ckpt), ckpt.get("schedule", {"start": 0, "start_lr": None})
+    if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
+        raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
+                        "it is damaged or not a checkpoint of train_gpt2.py")
+    before = schedule_class({name: saved.get(name, getattr(args, name)) for name in schedule_class.SETTINGS}, **moved)
+    if before.settings == schedule_class.of(args).settings:
+        return schedule_class.of(args, **moved)
+    step = ckpt["step"] + 1
+    now = schedule_class.of(args, **{"recompute": moved, "restart": dict(start=step),
+                                     "stretch": dict(start=step, start_lr=before(step))}[args.schedule_change])
+    what = {"recompute": f"the schedule of the new settings from step {moved['start']} (--schedule_change stretch "
+                         "continues from the rate it has, restart warms up again)",
+            "stretch": f"from there {now.way_down()} down to {now.min_lr():.4e} at step {args.max_steps}",
+            "restart": f"a new warmup of {args.warmup_steps} steps to {args.max_lr:.4e}, then {now.way_down()} to "
+                       f"{now.min_lr():.4e} at step {args.max_steps}"}[args.schedule_change]
+    say(f"--resume: the learning-rate schedule changes: at step {step} the rate is {now(step):.4e} "
+        f"({before(step):.4e} under the checkpoint's settings); {what}")
+    return now
 
 
 def resume_checkpoint(log_dir, master, check_resumable):

@@ -7,6 +7,7 @@ memory later is run again from its start at half the micro-batch.
 """
 
 import contextlib
+import functools
 import gc
 
 import torch
@@ -48,20 +49,23 @@ def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_
     sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
+    estimate = functools.partial(arguments.run_estimated_bytes, config, n_params, args, dtype=dtype,
+                                 device_type=device_type)
+    fits = None
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
-        fits = lambda b: arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type) * local_world_size <= have  # noqa: E731,E501
+        def fits(b):
+            return estimate(b) * local_world_size <= have
     elif device_type == "cuda" and args.fsdp and world_size > 1:
         free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
-        fits = lambda b: arguments.fits_on_gpu(  # noqa: E731
-            arguments.run_estimated_bytes(config, n_params, args, b, dtype, device_type, shards=world_size), free)
-    else:
-        fits = None
+
+        def fits(b):
+            return arguments.fits_on_gpu(estimate(b, shards=world_size), free)
     skipped = []
     if fits is not None:
         kept = [b for b in candidates if fits(b)] or candidates[-1:]
         skipped = [b for b in candidates if b > kept[0]] if kept else []
         candidates = kept
-    return (candidates[0] if candidates else 1), skipped  # none: the share is not whole rows, which check_batch_split names
+    return (candidates[0] if candidates else 1), skipped  # none: the share is not whole rows (check_batch_split)
 
 
 def describe_split(batch_size, seq_len, world_size, total_batch_size):
@@ -69,6 +73,21 @@ def describe_split(batch_size, seq_len, world_size, total_batch_size):
     steps = total_batch_size // (batch_size * seq_len * world_size)
     return (f"{batch_size} x {seq_len} tokens x {world_size} process{'es' * (world_size != 1)} x {steps} accumulation "
             f"step{'s' * (steps != 1)} = {total_batch_size} tokens a step")
+
+
+def batch_ramp(args, world_size, ckpt):
+    """The batch warm-up's start and rounding unit in tokens, train_gpt2.micro_batches_per_step's keywords: fixed when
+    the run starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every
+    smaller one it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key
+    "ramp"), so that --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint
+    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step.
+    {}: no warm-up."""
+    if not args.batch_size_warmup_tokens:
+        return {}
+    if ckpt is not None:
+        return ckpt.get("ramp", {"start": args.batch_size_start})
+    unit = args.batch_size * args.seq_len * world_size
+    return {"start": args.batch_size_start or unit, "unit": unit}
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):

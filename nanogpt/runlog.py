@@ -204,7 +204,7 @@ def run_header(args, device, dtype, use_compile, world_size, model, accumulation
         lines.append(f"weights from --init_from {args.init_from}, with their shape{preset}; trained without dropout "
                      "(a transformers config's dropout settings are not used)")
     if args.batch_size_warmup_tokens:
-        ramp = ramp or {}  # train_gpt2.batch_ramp's
+        ramp = ramp or {}  # nanogpt.fitting.batch_ramp's
         unit = ramp.get("unit") or B * T * world_size
         lines.append(f"batch warm-up: from {ramp.get('start') or unit} to {args.total_batch_size} tokens per step over "
                      f"the first {args.batch_size_warmup_tokens:,} tokens, in steps of {unit} tokens")
