@@ -332,3 +332,18 @@ def descriptor_link(tmp_path, f):
     link = tmp_path / "stdout"
     os.symlink(f"/proc/self/fd/{f.fileno()}", link)
     return str(link)
+
+
+def count_validation_tokens(monkeypatch):
+    """A list that each batch the val split's loader hands out adds its tokens to (DataLoaderLite.next_batch
+    watched): the tokens validation reads, counted as the loader gives them."""
+    read, next_batch = [], train_gpt2.DataLoaderLite.next_batch
+
+    def counted(self, *args, **kwargs):
+        x, y = next_batch(self, *args, **kwargs)
+        if "_val_" in self.found_names[0]:
+            read.append(x.numel())
+        return x, y
+
+    monkeypatch.setattr(train_gpt2.DataLoaderLite, "next_batch", counted)
+    return read

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import (TINY_FLAGS, assert_cli_error, load_weights, make_shards, read_log, run_script, script_cli,
-                      torchrun)
+from conftest import (TINY_FLAGS, assert_cli_error, count_validation_tokens, load_weights, make_shards, read_log,
+                      run_script, script_cli, torchrun)
 from nanogpt.fitting import candidate_batch_sizes, smaller_batch_size, trial_step
 from oom_worker import failing_above
 
@@ -380,15 +380,7 @@ def test_the_header_gives_the_validation_rows_auto_fixed_not_its_pick(tmp_path, 
     picks (2): the header's validation tokens are those the val loader hands out, counted as it does."""
     data = make_shards(str(tmp_path / "data"))
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
-    read, next_batch = [], train_gpt2.DataLoaderLite.next_batch
-
-    def counted(self, *args, **kwargs):
-        x, y = next_batch(self, *args, **kwargs)
-        if "_val_" in self.found_names[0]:
-            read.append(x.numel())
-        return x, y
-
-    monkeypatch.setattr(train_gpt2.DataLoaderLite, "next_batch", counted)
+    read = count_validation_tokens(monkeypatch)
     train_gpt2.main([*tiny_run(data, tmp_path / "auto"), "--eval_every", "1", "--max_steps", "1"])
     out = capsys.readouterr().out
     assert "micro-batch 2" in out

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import (TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, make_shards, read_log, script_cli,
-                      train, write_hellaswag)
+from conftest import (TINY_FLAGS, assert_cli_error, assert_refused_before_any_work, count_validation_tokens, make_shards,
+                      read_log, script_cli, train, write_hellaswag)
 from nanogpt import arguments
 from nanogpt.checkpoints import save_checkpoint
 from nanogpt.cli import borrowed_settings
@@ -163,16 +163,7 @@ def test_the_run_header_names_the_recipe_and_the_schedule(data, tmp_path, capsys
 def test_the_run_header_gives_the_validation_size_and_the_settings_a_preset_set(data, tmp_path, capsys, monkeypatch):
     """The header's validation tokens are the tokens one validation reads (counted as the val loader hands them
     out), and it names the --model preset's settings the command line left out (--save_every here)."""
-    read = []
-    next_batch = train_gpt2.DataLoaderLite.next_batch
-
-    def counted(self, *a, **kw):
-        x, y = next_batch(self, *a, **kw)
-        if "_val_" in self.found_names[0]:
-            read.append(x.numel())
-        return x, y
-
-    monkeypatch.setattr(train_gpt2.DataLoaderLite, "next_batch", counted)
+    read = count_validation_tokens(monkeypatch)
     flags = [f for i, f in enumerate(TINY_FLAGS) if "--save_every" not in TINY_FLAGS[max(0, i - 1): i + 1]]
     capsys.readouterr()
     train_gpt2.main([*flags, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "2",
