@@ -39,7 +39,7 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, step_if_finite
+from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, parameters_by_role, step_if_finite
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -338,14 +338,13 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
                              rates=None, momentum_warmup=0, process_group=None, fused=None):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
-        # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest. process_group: DDP's,
-        # across whose ranks Muon shares its Newton-Schulz work (None: one process).
-        matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
+        # With Muon, the weight matrices (parameters_by_role) are Muon's, at muon_lr; AdamW takes the rest.
+        # process_group: DDP's, across whose ranks Muon shares its Newton-Schulz work (None: one process).
+        roles = parameters_by_role(self)
+        matrices = roles.pop("matrix") if optimizer == "muon" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         if rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters (nanogpt.optimizers)
-            lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding)]
-            groups = groups_by_role(params, lookups, self.lm_head.weight, weight_decay, learning_rate, rates,
-                                    self.config.n_embd)
+            groups = groups_by_role(roles, weight_decay, learning_rate, rates, self.config.n_embd)
         else:
             decay = [p for p in params if p.dim() >= 2]
             no_decay = [p for p in params if p.dim() < 2]
