@@ -286,25 +286,25 @@ class GPT(nn.Module):
         return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
 
     def hidden_states(self, idx, kv_cache=None):
-        """The final layer-normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx
-        continues the positions the cache holds and extends it (generate's decode_step)."""
-        T, start = idx.size(1), self.start_of(idx, kv_cache)
-        x = self.transformer.wte(idx)
-        if "wpe" in self.transformer:  # GPT-2's learned positions
-            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
-        for block in self.transformer.h:
-            x = self.run_block(block, x, kv_cache)
+        """The final normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx continues the
+        positions the cache holds and extends it (generate's decode_step). The blocks in between: trunk."""
+        T, start = idx.size(1), 0 if kv_cache is None else kv_cache.pos
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than the context of {self.config.block_size}")
+        x = self.trunk(idx, start, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
 
-    def start_of(self, idx, kv_cache):
-        """The position of idx's first token: 0, or the end of what kv_cache holds; past the context a ValueError."""
-        start = 0 if kv_cache is None else kv_cache.pos
-        if start + idx.size(1) > self.config.block_size:
-            raise ValueError(f"sequence of {start + idx.size(1)} tokens is longer than the context of "
-                             f"{self.config.block_size}")
-        return start
+    def trunk(self, idx, start, kv_cache):
+        """The residual stream after the last block (B, T, C) of tokens idx, the first at position start: GPT-2's
+        embeddings, then the blocks in turn (SpeedrunGPT's: its own)."""
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:  # GPT-2's learned positions
+            x = x + self.transformer.wpe(torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device))
+        for block in self.transformer.h:
+            x = self.run_block(block, x, kv_cache)
+        return x
 
     def run_block(self, block, x, kv_cache, *extra):
         """block(x, kv_cache, *extra); under --recompute in training, its activations recomputed in backward."""
@@ -472,8 +472,8 @@ class SpeedrunGPT(GPT):
             for embedding in self.value_embeds.values():
                 torch.nn.init.normal_(embedding.weight, mean=0.0, std=0.02)
 
-    def hidden_states(self, idx, kv_cache=None):
-        cfg, T, _ = self.config, idx.size(1), self.start_of(idx, kv_cache)
+    def trunk(self, idx, start, kv_cache):
+        cfg = self.config
         x = x0 = F.rms_norm(self.transformer.wte(idx), (cfg.n_embd,), eps=RMS_EPS)
         skips, decoder_start = [], cfg.n_layer - cfg.n_layer // 2  # layers 0.. feed layers ..n-1, mirrored
         for i, block in enumerate(self.transformer.h):
@@ -485,9 +485,7 @@ class SpeedrunGPT(GPT):
             x = self.run_block(block, x, kv_cache, ve)
             if cfg.unet_skips and i < cfg.n_layer // 2:
                 skips.append(x)
-        if kv_cache is not None:
-            kv_cache.pos += T
-        return self.transformer.ln_f(x)
+        return x
 
 
 def make_gpt(config):
