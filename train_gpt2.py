@@ -33,7 +33,7 @@ from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_c
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_size_arg, candidate_batch_sizes, every_rank_agrees, fit_batch_size, fits_by_trial,
-                             fits_in_memory, largest_batch_size, trial_step)
+                             fits_in_memory, largest_batch_size, micro_batches_per_step, trial_step)
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
@@ -297,8 +297,7 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def trunk(self, idx, start, kv_cache):
-        """The residual stream after the last block (B, T, C) of tokens idx, the first at position start: GPT-2's
-        embeddings, then the blocks in turn (SpeedrunGPT's: its own)."""
+        """The residual stream after the last block (B, T, C), idx's first token at position start (SpeedrunGPT's own)."""
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # GPT-2's learned positions
             x = x + self.transformer.wpe(torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device))
@@ -491,6 +490,13 @@ class SpeedrunGPT(GPT):
 def make_gpt(config):
     """The model of a config: SpeedrunGPT for --arch speedrun, else GPT."""
     return (SpeedrunGPT if config.arch == "speedrun" else GPT)(config)
+
+
+def batch_loss(model, x, y):
+    """A micro-batch's objective, in one place: the loop backpropagates it, the --batch_size auto trial tries it,
+    validation averages it. (loss, {name: 0-D tensor} logged as train/<name>); model: the GPT, compiled and wrapped."""
+    _, loss = model(x, y)
+    return loss, {}
 
 
 # -----------------------------------------------------------------------------
@@ -822,18 +828,6 @@ def resumed_schedule(ckpt, args, say):
     return now
 
 
-def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None):
-    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
-    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
-    grows linearly in tokens seen from `start` (default: one micro-batch) to `total` over warmup_tokens,
-    rounded down to whole micro-batches (at least one); integer arithmetic, so every rank agrees."""
-    full = total // micro
-    if tokens_seen >= warmup_tokens:
-        return full
-    start = start or micro
-    return max(1, min(full, (start + (total - start) * tokens_seen // warmup_tokens) // micro))
-
-
 # -----------------------------------------------------------------------------
 # Distributed set-up: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for each process
 
@@ -881,7 +875,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             with run.keeping_progress(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                               world_size)
+                                               world_size, batch_loss)
                     run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                             f"step {step:5d} | validation loss {val_loss:.4f}")
                 if setup.score_hellaswag and run.due(step, args.hellaswag_every):
@@ -906,7 +900,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                 micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
                 grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
                                                           args.batch_size_warmup_tokens, args.batch_size_start)
-                loss_accum = torch.zeros((), device=device)
+                loss_accum, numbers = torch.zeros((), device=device), {}
                 with run.keeping_progress(step, attempt):  # a failure here first saves the last step's state
                     for micro_step in range(grad_accum_steps):
                         x, y = train_loader.next_batch()
@@ -914,13 +908,16 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                         if ddp:  # all-reduce (FSDP: reduce-scatter) the gradients on the last micro-step only
                             sync_gradients(model, micro_step == grad_accum_steps - 1)
                         with autocast:
-                            _, loss = model(x, y)
+                            loss, logged = batch_loss(model, x, y)
                         # we have to scale the loss to account for gradient accumulation, because the gradients
                         # just add on each successive backward(): a sum, where we want the mean over the batch
                         loss = loss / grad_accum_steps
                         loss_accum += loss.detach()
+                        for name, value in logged.items():  # the objective's own numbers, averaged as the loss is
+                            numbers[name] = numbers.get(name, 0.0) + value.detach().float() / grad_accum_steps
                         scaler.scale(loss).backward()
             loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
+            numbers = {name: all_reduce_mean(value, ddp, world_size) for name, value in numbers.items()}
             scaler.unscale_(optimizer)
             norm = clip_grad_norm(raw_model, args.grad_clip)
             lr = lr_schedule(step)
@@ -931,14 +928,16 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             finite = step_if_finite(optimizer, scaler, loss_accum, norm)
             optimizer.zero_grad(set_to_none=True)  # now: evaluations and checkpoints need the memory
             # the step's one wait: its numbers to the host, once the GPU has finished the step
-            loss_accum, norm, finite = torch.stack((loss_accum, norm.float(), finite.float())).tolist()
+            loss_accum, norm, finite, *values = torch.stack((loss_accum, norm.float(), finite.float(),
+                                                             *numbers.values())).tolist()
             dt = time.time() - t0
             # --------------- TRAINING SECTION END -------------------------------------------
             # everything that follows now is just diagnostics, prints, logging and checkpoints
 
             step_tokens = grad_accum_steps * micro
             tokens_seen += step_tokens
-            run.log_step(step, loss_accum, lr, norm, dt, step_tokens, tokens_seen, bool(finite))
+            run.log_step(step, loss_accum, lr, norm, dt, step_tokens, tokens_seen, bool(finite),
+                         dict(zip(numbers, values)))
             if run.checkpoint(step, tokens_seen):  # a signal to any rank: it saved, and the run stops
                 break
         run.summary(world_size, tokens_seen, train_loader.total_tokens)
@@ -980,6 +979,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
+    arguments.check_optimizer_dtype(args.optimizer, dtype)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
@@ -997,9 +997,6 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
-    if args.optimizer == "muon" and dtype == "fp16":
-        raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
-                        "use --dtype bf16 or fp32")
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
                                                adamw_rates(args), args.muon_momentum_warmup,
                                                torch.distributed.group.WORLD if ddp else None, args.fused_adamw)
@@ -1011,7 +1008,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     eval_model = evaluation_model(raw_model, use_compile and not fsdp)
     if fit and not fsdp:  # (a sharded step's collectives cannot be tried one process at a time)
         reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
-        trial = functools.partial(trial_step, model, optimizer, seq_len=args.seq_len, device=device,
+        trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
                                   autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),

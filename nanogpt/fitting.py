@@ -38,6 +38,18 @@ def fits_by_trial(args, ckpt, device_type):
     return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
 
 
+def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None):
+    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
+    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
+    grows linearly in tokens seen from `start` (default: one micro-batch) to `total` over warmup_tokens,
+    rounded down to whole micro-batches (at least one); integer arithmetic, so every rank agrees."""
+    full = total // micro
+    if tokens_seen >= warmup_tokens:
+        return full
+    start = start or micro
+    return max(1, min(full, (start + (total - start) * tokens_seen // warmup_tokens) // micro))
+
+
 def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size):
     """The micro-batch --batch_size auto tries first: the largest divisor of this process's share of the total batch
     up to --batch_size (auto: the preset's micro-batch); on a CPU, whose out-of-memory the kernel answers by killing
@@ -69,18 +81,19 @@ def smaller_batch_size(batch_size):
     return next((b for b in range(batch_size // 2, 0, -1) if batch_size % b == 0), None)
 
 
-def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
+def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast, reserve_bytes=0):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
     second forward and backward with that state and the gradients held, as every later micro-step of a run has
     them; the tokens are zeros (no random draw, no data read), and the state is dropped again (the trial runs
     before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
-    gradient buckets). Raises what the step raises: an out-of-memory among others."""
+    gradient buckets). loss_of: the loop's objective (train_gpt2.batch_loss). Raises what the step raises: an
+    out-of-memory among others."""
     reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
     model.train()  # the graph training runs (a loaded model comes in eval mode)
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
-        forward_backward(model, x, autocast)
+        forward_backward(model, loss_of, x, autocast)
         for opt in local_optimizers(optimizer):
             rates = [group["lr"] for group in opt.param_groups]
             for group in opt.param_groups:
@@ -94,7 +107,7 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
             finally:
                 for group, rate in zip(opt.param_groups, rates):
                     group["lr"] = rate
-        forward_backward(model, x, autocast)  # the peak of a real step: its optimizer state and gradients held
+        forward_backward(model, loss_of, x, autocast)  # the peak of a real step: its optimizer state and gradients held
     finally:
         del reserve
         for opt in local_optimizers(optimizer):
@@ -102,11 +115,11 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
         optimizer.zero_grad(set_to_none=True)
 
 
-def forward_backward(model, x, autocast):
+def forward_backward(model, loss_of, x, autocast):
     # targets apart from the inputs, as the loop's are: torch.compile guards on the two being one tensor, and would
     # compile a graph for the trial that training never uses
     with autocast:
-        _, loss = model(x, torch.zeros_like(x))
+        loss, _ = loss_of(model, x, torch.zeros_like(x))
     loss.backward()
 
 

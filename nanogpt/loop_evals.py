@@ -31,15 +31,16 @@ def evaluation_model(model, use_compile):
 
 
 @torch.no_grad()
-def validation_loss(model, loader, steps, device, autocast, ddp, world_size):
-    """Mean loss over the first `steps` batches of the val split (the same ones every time)."""
+def validation_loss(model, loader, steps, device, autocast, ddp, world_size, loss_of):
+    """Mean loss over the first `steps` batches of the val split (the same ones every time); loss_of: the loop's
+    objective (train_gpt2.batch_loss)."""
     model.eval()
     loader.reset()
     total = torch.zeros((), device=device)
     for _ in range(steps):
         x, y = loader.next_batch()
         with autocast:
-            _, loss = model(x.to(device), y.to(device))
+            loss, _ = loss_of(model, x.to(device), y.to(device))
         total += loss.detach().float() / steps
     return all_reduce_mean(total, ddp, world_size).item()
 
