@@ -41,7 +41,7 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, step_if_finite
+from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, parameters_by_role, step_if_finite
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
@@ -288,25 +288,24 @@ class GPT(nn.Module):
         return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
 
     def hidden_states(self, idx, kv_cache=None):
-        """The final layer-normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx
-        continues the positions the cache holds and extends it (generate's decode_step)."""
-        T, start = idx.size(1), self.start_of(idx, kv_cache)
-        x = self.transformer.wte(idx)
-        if "wpe" in self.transformer:  # GPT-2's learned positions
-            x = x + self.transformer.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
-        for block in self.transformer.h:
-            x = self.run_block(block, x, kv_cache)
+        """The final normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx continues the
+        positions the cache holds and extends it (generate's decode_step). The blocks in between: trunk."""
+        T, start = idx.size(1), 0 if kv_cache is None else kv_cache.pos
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than the context of {self.config.block_size}")
+        x = self.trunk(idx, start, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
 
-    def start_of(self, idx, kv_cache):
-        """The position of idx's first token: 0, or the end of what kv_cache holds; past the context a ValueError."""
-        start = 0 if kv_cache is None else kv_cache.pos
-        if start + idx.size(1) > self.config.block_size:
-            raise ValueError(f"sequence of {start + idx.size(1)} tokens is longer than the context of "
-                             f"{self.config.block_size}")
-        return start
+    def trunk(self, idx, start, kv_cache):
+        """The residual stream after the last block (B, T, C), idx's first token at position start (SpeedrunGPT's own)."""
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:  # GPT-2's learned positions
+            x = x + self.transformer.wpe(torch.arange(start, start + idx.size(1), dtype=torch.long, device=idx.device))
+        for block in self.transformer.h:
+            x = self.run_block(block, x, kv_cache)
+        return x
 
     def run_block(self, block, x, kv_cache, *extra):
         """block(x, kv_cache, *extra); under --recompute in training, its activations recomputed in backward."""
@@ -344,14 +343,13 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
                              rates=None, momentum_warmup=0, process_group=None, fused=None):
         # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
-        # With Muon, the blocks' weight matrices are Muon's, at muon_lr; AdamW takes the rest. process_group: DDP's,
-        # across whose ranks Muon shares its Newton-Schulz work (None: one process).
-        matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
+        # With Muon, the weight matrices (parameters_by_role) are Muon's, at muon_lr; AdamW takes the rest.
+        # process_group: DDP's, across whose ranks Muon shares its Newton-Schulz work (None: one process).
+        roles = parameters_by_role(self)
+        matrices = roles.pop("matrix") if optimizer == "muon" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         if rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters (nanogpt.optimizers)
-            lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding)]
-            groups = groups_by_role(params, lookups, self.lm_head.weight, weight_decay, learning_rate, rates,
-                                    self.config.n_embd)
+            groups = groups_by_role(roles, weight_decay, learning_rate, rates, self.config.n_embd)
         else:
             decay = [p for p in params if p.dim() >= 2]
             no_decay = [p for p in params if p.dim() < 2]
@@ -479,8 +477,8 @@ class SpeedrunGPT(GPT):
             for embedding in self.value_embeds.values():
                 torch.nn.init.normal_(embedding.weight, mean=0.0, std=0.02)
 
-    def hidden_states(self, idx, kv_cache=None):
-        cfg, T, _ = self.config, idx.size(1), self.start_of(idx, kv_cache)
+    def trunk(self, idx, start, kv_cache):
+        cfg = self.config
         x = x0 = F.rms_norm(self.transformer.wte(idx), (cfg.n_embd,), eps=RMS_EPS)
         skips, decoder_start = [], cfg.n_layer - cfg.n_layer // 2  # layers 0.. feed layers ..n-1, mirrored
         for i, block in enumerate(self.transformer.h):
@@ -492,14 +490,19 @@ class SpeedrunGPT(GPT):
             x = self.run_block(block, x, kv_cache, ve)
             if cfg.unet_skips and i < cfg.n_layer // 2:
                 skips.append(x)
-        if kv_cache is not None:
-            kv_cache.pos += T
-        return self.transformer.ln_f(x)
+        return x
 
 
 def make_gpt(config):
     """The model of a config: SpeedrunGPT for --arch speedrun, else GPT."""
     return (SpeedrunGPT if config.arch == "speedrun" else GPT)(config)
+
+
+def batch_loss(model, x, y):
+    """A micro-batch's objective, in one place: the loop backpropagates it, the --batch_size auto trial tries it,
+    validation averages it. (loss, {name: 0-D tensor} logged as train/<name>); model: the GPT, compiled and wrapped."""
+    _, loss = model(x, y)
+    return loss, {}
 
 
 # -----------------------------------------------------------------------------
@@ -849,7 +852,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             with run.keeping_progress(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                               world_size, args.batch_size)
+                                               world_size, batch_loss, args.batch_size)
                     run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                             f"step {step:5d} | validation loss {val_loss:.4f}")
                 if setup.score_hellaswag and run.due(step, args.hellaswag_every):
@@ -874,7 +877,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                 micro = args.batch_size * args.seq_len * world_size  # tokens of one micro-batch of every process
                 grad_accum_steps = micro_batches_per_step(tokens_seen, micro, args.total_batch_size,
                                                           args.batch_size_warmup_tokens, **setup.ramp)
-                loss_accum = torch.zeros((), device=device)
+                loss_accum, numbers = torch.zeros((), device=device), {}
                 with run.keeping_progress(step, attempt):  # a failure here first saves the last step's state
                     for micro_step in range(grad_accum_steps):
                         x, y = train_loader.next_batch()
@@ -882,13 +885,16 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                         if ddp:  # all-reduce (FSDP: reduce-scatter) the gradients on the last micro-step only
                             sync_gradients(model, micro_step == grad_accum_steps - 1)
                         with autocast:
-                            _, loss = model(x, y)
+                            loss, logged = batch_loss(model, x, y)
                         # we have to scale the loss to account for gradient accumulation, because the gradients
                         # just add on each successive backward(): a sum, where we want the mean over the batch
                         loss = loss / grad_accum_steps
                         loss_accum += loss.detach()
+                        for name, value in logged.items():  # the objective's own numbers, averaged as the loss is
+                            numbers[name] = numbers.get(name, 0.0) + value.detach().float() / grad_accum_steps
                         scaler.scale(loss).backward()
             loss_accum = all_reduce_mean(loss_accum, ddp, world_size)
+            numbers = {name: all_reduce_mean(value, ddp, world_size) for name, value in numbers.items()}
             scaler.unscale_(optimizer)
             norm = clip_grad_norm(raw_model, args.grad_clip)
             lr = lr_schedule(step)
@@ -899,14 +905,16 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             finite = step_if_finite(optimizer, scaler, loss_accum, norm)
             optimizer.zero_grad(set_to_none=True)  # now: evaluations and checkpoints need the memory
             # the step's one wait: its numbers to the host, once the GPU has finished the step
-            loss_accum, norm, finite = torch.stack((loss_accum, norm.float(), finite.float())).tolist()
+            loss_accum, norm, finite, *values = torch.stack((loss_accum, norm.float(), finite.float(),
+                                                             *numbers.values())).tolist()
             dt = time.time() - t0
             # --------------- TRAINING SECTION END -------------------------------------------
             # everything that follows now is just diagnostics, prints, logging and checkpoints
 
             step_tokens = grad_accum_steps * micro
             tokens_seen += step_tokens
-            run.log_step(step, loss_accum, lr, norm, dt, step_tokens, tokens_seen, bool(finite))
+            run.log_step(step, loss_accum, lr, norm, dt, step_tokens, tokens_seen, bool(finite),
+                         dict(zip(numbers, values)))
             if run.checkpoint(step, tokens_seen):  # a signal to any rank: it saved, and the run stops
                 break
         run.summary(world_size, tokens_seen, train_loader.total_tokens)
@@ -952,6 +960,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
+    arguments.check_optimizer_dtype(args.optimizer, dtype)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
@@ -969,9 +978,6 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
-    if args.optimizer == "muon" and dtype == "fp16":
-        raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
-                        "use --dtype bf16 or fp32")
     optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
                                                adamw_rates(args), args.muon_momentum_warmup,
                                                torch.distributed.group.WORLD if ddp else None, args.fused_adamw)
@@ -988,7 +994,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                 f"--fsdp: {split(args.batch_size)}")
     if fit and not fsdp:
         reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
-        trial = functools.partial(trial_step, model, optimizer, seq_len=args.seq_len, device=device,
+        trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
                                   autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),

@@ -368,6 +368,13 @@ def widening_flags(args):
     return [f"--{name}" for name in ("vocab_size", "mlp_hidden") if name in args.explicit]
 
 
+def check_optimizer_dtype(optimizer, dtype):
+    """--optimizer muon in fp16 is refused: fp16's loss scaler is not wired to Muon."""
+    if optimizer == "muon" and dtype == "fp16":
+        raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+                        "use --dtype bf16 or fp32")
+
+
 def check_memory(config, n_params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory

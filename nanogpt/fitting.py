@@ -145,18 +145,19 @@ def weights_untouched(optimizer, before):
     return True
 
 
-def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_bytes=0):
+def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast, reserve_bytes=0):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
     second forward and backward with that state and the gradients held, as every later micro-step of a run has
     them; the tokens are zeros (no random draw, no data read), and the state is dropped again (the trial runs
     before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
-    gradient buckets). Raises what the step raises: an out-of-memory among others."""
+    gradient buckets). loss_of: the loop's objective (train_gpt2.batch_loss). Raises what the step raises: an
+    out-of-memory among others."""
     reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
     model.train()  # the graph training runs (a loaded model comes in eval mode)
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
-        forward_backward(model, x, autocast)
+        forward_backward(model, loss_of, x, autocast)
         for opt in local_optimizers(optimizer):
             rates = [group["lr"] for group in opt.param_groups]
             for group in opt.param_groups:
@@ -170,7 +171,7 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
             finally:
                 for group, rate in zip(opt.param_groups, rates):
                     group["lr"] = rate
-        forward_backward(model, x, autocast)  # the peak of a real step: its optimizer state and gradients held
+        forward_backward(model, loss_of, x, autocast)  # a real step's peak: its optimizer state and gradients held
     finally:
         del reserve
         for opt in local_optimizers(optimizer):
@@ -178,11 +179,11 @@ def trial_step(model, optimizer, batch_size, seq_len, device, autocast, reserve_
         optimizer.zero_grad(set_to_none=True)
 
 
-def forward_backward(model, x, autocast):
+def forward_backward(model, loss_of, x, autocast):
     # targets apart from the inputs, as the loop's are: torch.compile guards on the two being one tensor, and would
     # compile a graph for the trial that training never uses
     with autocast:
-        _, loss = model(x, torch.zeros_like(x))
+        loss, _ = loss_of(model, x, torch.zeros_like(x))
     loss.backward()
 
 

@@ -32,10 +32,11 @@ def evaluation_model(model, use_compile):
 
 
 @torch.no_grad()
-def validation_loss(model, loader, steps, device, autocast, ddp, world_size, micro_batch=None):
+def validation_loss(model, loader, steps, device, autocast, ddp, world_size, loss_of, micro_batch=None):
     """Mean loss over the first `steps` batches of the val split (the same ones every time), each read in
     pieces of the largest divisor of its rows up to micro_batch (the run's micro-batch now, which an out-of-memory
-    retry may have made smaller): the tokens validated do not depend on it."""
+    retry may have made smaller): the tokens validated do not depend on it. loss_of: the loop's objective
+    (train_gpt2.batch_loss)."""
     model.eval()
     loader.reset()
     rows = next(b for b in range(min(micro_batch or loader.B, loader.B), 0, -1) if loader.B % b == 0)
@@ -45,7 +46,7 @@ def validation_loss(model, loader, steps, device, autocast, ddp, world_size, mic
         x, y = loader.next_batch()
         for xs, ys in zip(x.split(rows), y.split(rows)):
             with autocast:
-                _, loss = model(xs.to(device), ys.to(device))
+                loss, _ = loss_of(model, xs.to(device), ys.to(device))
             total += loss.detach().float() / (steps * pieces)
     return all_reduce_mean(total, ddp, world_size).item()
 

@@ -6,6 +6,7 @@ the embedding, the output head and the 1-D parameters, as in nanochat and modded
 
 import torch
 
+from nanogpt.cli import UserError
 from nanogpt.muon import Muon
 
 
@@ -64,25 +65,41 @@ def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0, process
 WIDTH_OF_RATES = 768  # --embed_lr and --head_lr are rates at this width, scaled by sqrt(768 / n_embd) (nanochat's)
 
 
-def groups_by_role(params, embeddings, head, weight_decay, max_lr, rates, n_embd):
-    """AdamW's parameter groups when a recipe gives rates by role (rates: {"embed", "head", "scalar"}, each a rate
-    or None for max_lr): the embeddings (token and value embeddings; a tied head is the token embedding) and the
-    head at their rates scaled by sqrt(WIDTH_OF_RATES / n_embd), as nanochat scales them; the 1-D parameters
-    (gains, biases, learned scalars) at theirs, undecayed; any other 2-D parameter at max_lr. Each group's
-    "lr_scale" is its rate over max_lr, the factor the loop multiplies the scheduled rate by."""
-    width = (WIDTH_OF_RATES / n_embd) ** 0.5
-
-    def role(p):
+def parameters_by_role(model):
+    """model's trainable parameters by role, each list in model.parameters()' order (nanochat's rule):
+    "embed", an nn.Embedding's weight (token, position and value embeddings; a head tied to the token embedding is
+    one); "head", the output head's weight (model.lm_head); "matrix", any other 2-D weight, wherever it sits (Muon's
+    under --optimizer muon); "scalar", the 1-D and 0-D ones (gains, biases, learned scalars). A parameter no rule
+    places is refused by name, not left to a default optimizer."""
+    embeddings = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    roles = {"matrix": [], "embed": [], "head": [], "scalar": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         if any(p is e for e in embeddings):
-            return "embed"
-        return "head" if p is head else "scalar" if p.dim() < 2 else "matrix"
+            roles["embed"].append(p)
+        elif p is model.lm_head.weight:
+            roles["head"].append(p)
+        elif p.dim() in (0, 1, 2):
+            roles["matrix" if p.dim() == 2 else "scalar"].append(p)
+        else:
+            raise UserError(f"parameter {name} ({p.dim()}-D) has no optimizer role: place it in "
+                            "nanogpt/optimizers.py's parameters_by_role")
+    return roles
 
+
+def groups_by_role(roles, weight_decay, max_lr, rates, n_embd):
+    """AdamW's parameter groups when a recipe gives rates by role (roles: parameters_by_role's, less any another
+    optimizer takes; rates: {"embed", "head", "scalar"}, each a rate or None for max_lr): the embeddings and the
+    head at their rates scaled by sqrt(WIDTH_OF_RATES / n_embd), as nanochat scales them; the scalars at theirs,
+    undecayed; the matrices at max_lr. Each group's "lr_scale" is its rate over max_lr, the factor the loop
+    multiplies the scheduled rate by."""
+    width = (WIDTH_OF_RATES / n_embd) ** 0.5
     groups = []
     for name in ("matrix", "embed", "head", "scalar"):
-        members = [p for p in params if role(p) == name]
         rate = max_lr if name == "matrix" or rates.get(name) is None else rates[name] * (1.0 if name == "scalar" else width)
-        if members:
-            groups.append({"params": members, "weight_decay": 0.0 if name == "scalar" else weight_decay,
+        if roles.get(name):
+            groups.append({"params": roles[name], "weight_decay": 0.0 if name == "scalar" else weight_decay,
                            "lr_scale": rate / max_lr})
     return groups
 

@@ -160,16 +160,18 @@ class Run:
                   else "no step was completed, so nothing was saved")
         raise UserError(f"{where}; the weights are unchanged, {resume}")
 
-    def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite):
-        """A training step's line on the console, in log.txt and to the trackers; then the weights' health."""
+    def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite, numbers=None):
+        """A training step's line on the console, in log.txt and to the trackers; then the weights' health.
+        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers."""
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
         others = rates_beside(self.optimizer)  # Muon's, beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
-                           finite, ramping=bool(self.args.batch_size_warmup_tokens), other_rates=others))
+                           finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
-                      step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others))
+                      step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
+                                   numbers))
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())

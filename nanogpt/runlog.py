@@ -212,23 +212,25 @@ def run_header(args, device, dtype, use_compile, world_size, model, accumulation
 
 
 def step_line(step, max_steps, loss, lr, norm, dt, tokens, flops_per_token, peak, eta, finite, ramping=False,
-              other_rates=None):
+              other_rates=None, numbers=None):
     """The console's line of a step (`ramping`: the batch still grows, so its size is shown too; other_rates:
-    {name: rate} of the optimizers beside AdamW, whose rate is lr)."""
+    {name: rate} of the optimizers beside AdamW, whose rate is lr; numbers: {name: value} logged beside the loss)."""
     tokens_per_sec = tokens / dt
     mfu = f"{100 * flops_per_token * tokens_per_sec / peak:.1f}%" if peak else "n/a"
     others = "".join(f" | {name} lr {rate:.4e}" for name, rate in (other_rates or {}).items())
-    return (f"step {step:5d}/{max_steps} | loss {loss:.6f} | lr {lr:.4e}{others} | norm {norm:.4f} | "
+    logged = "".join(f" | {name} {value:.6f}" for name, value in (numbers or {}).items())
+    return (f"step {step:5d}/{max_steps} | loss {loss:.6f}{logged} | lr {lr:.4e}{others} | norm {norm:.4f} | "
             f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
             + (f" | batch {tokens} tokens" if ramping else "")
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
 
-def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None):
-    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr)."""
+def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None):
+    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr; numbers: train/<name>)."""
     scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
                "train/batch_tokens": tokens, "train/tokens": tokens_seen,
-               **{f"train/{name}_lr": rate for name, rate in (other_rates or {}).items()}}
+               **{f"train/{name}_lr": rate for name, rate in (other_rates or {}).items()},
+               **{f"train/{name}": value for name, value in (numbers or {}).items()}}
     if peak:
         scalars["train/mfu"] = 100 * flops_per_token * tokens / dt / peak
     return scalars

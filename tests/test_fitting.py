@@ -60,7 +60,8 @@ def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing(kind):
         return forward(idx, targets)
 
     model.forward = watched
-    trial_step(model, optimizer, batch_size=2, seq_len=8, device="cpu", autocast=torch.autocast("cpu", enabled=False))
+    trial_step(model, optimizer, train_gpt2.batch_loss, batch_size=2, seq_len=8, device="cpu",
+               autocast=torch.autocast("cpu", enabled=False))
     assert held[0] == (False, False) and held[-1] == (True, True)
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert not optimizer.state and all(p.grad is None for p in model.parameters())
