@@ -319,22 +319,27 @@ def test_the_weights_health_check_finds_every_non_finite_value(value, dtype):
     assert want == (abs(float(torch.tensor(value, dtype=dtype))) < float("inf"))  # the case is what it says
 
 
+def break_a_weight_at_step_2(monkeypatch, breaks):
+    """AdamW's step, then at its third call (step 2's update) breaks(self) puts an inf into a weight."""
+    step, calls = torch.optim.AdamW.step, []
+
+    def breaking_step(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                breaks(self)
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
+
+
 def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monkeypatch):
     # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at the next
     # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it
     log_dir = str(tmp_path / "log")
-    step = torch.optim.AdamW.step
-
-    def breaking_step(self, *args, **kwargs):
-        out = step(self, *args, **kwargs)
-        breaking_step.calls += 1
-        if breaking_step.calls == 3:
-            with torch.no_grad():
-                self.param_groups[0]["params"][-1].view(-1)[0] = float("inf")
-        return out
-
-    breaking_step.calls = 0
-    monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
+    break_a_weight_at_step_2(monkeypatch, lambda adamw: adamw.param_groups[0]["params"][-1].view(-1)[0].fill_(
+        float("inf")))
     with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
         train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2")
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
@@ -344,19 +349,9 @@ def test_a_broken_weight_the_loss_does_not_see_is_never_saved(shards, tmp_path, 
     # an inf in a padded-vocabulary row of an untied token embedding (llama's, padded here): no token of the data
     # looks it up, so the loss stays finite, and the check before the checkpoint stops the run instead of writing it
     log_dir = str(tmp_path / "log")
-    step = torch.optim.AdamW.step
-
-    def breaking_step(self, *args, **kwargs):
-        out = step(self, *args, **kwargs)
-        breaking_step.calls += 1
-        if breaking_step.calls == 3:  # step 2's update
-            embedding = self.param_groups[0]["params"][0]  # the first 2-D parameter: transformer.wte
-            with torch.no_grad():
-                embedding[50300, 0] = float("inf")  # a padded row: no token of the data looks it up
-        return out
-
-    breaking_step.calls = 0
-    monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
+    # the first 2-D parameter is transformer.wte; row 50300 is padding, which no token of the data looks up
+    break_a_weight_at_step_2(monkeypatch, lambda adamw: adamw.param_groups[0]["params"][0][50300, 0].fill_(
+        float("inf")))
     with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
         train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2", "--arch", "llama",
               "--vocab_size", "50304")
