@@ -41,10 +41,12 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import adamw_rates, groups_by_role, muon_with_adamw, parameters_by_role, step_if_finite
+from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_role, matrices_with_adamw,
+                                parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
-from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, peak_flops,
+from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, counted_flops_per_token,
+                             peak_flops,
                              pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
@@ -279,13 +281,17 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token, 6N + 12·L·H·Q·T, the formula nanoGPT and llm.c use for MFU; T is the
-        length of the sequences trained on (seq_len; None: the context, block_size)."""
-        cfg = self.config
+        """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
+        over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
+        new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
+        formula nanoGPT and llm.c use (N less the lookup embeddings)."""
+        T = seq_len or self.config.block_size
+        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
+        if counted is not None:
+            return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
         n = self.num_params() - sum(w.numel() for w in lookups)  # an embedding is a lookup, not a matmul (unless tied)
-        head_dim = cfg.n_embd // cfg.n_head
-        return 6 * n + 12 * cfg.n_layer * cfg.n_head * head_dim * (seq_len or cfg.block_size)
+        return 6 * n + 12 * self.config.n_layer * self.config.n_embd * T
 
     def hidden_states(self, idx, kv_cache=None):
         """The final normed hidden states (B, T, C) of the tokens idx (B, T); with kv_cache, idx continues the
@@ -340,26 +346,24 @@ class GPT(nn.Module):
         model.load_state_dict(hf.hf_state_dict(name_or_dir, config.arch))
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, device_type, optimizer="adamw", muon_lr=None,
-                             rates=None, momentum_warmup=0, process_group=None, fused=None):
-        # Decay the 2-D tensors (matmul weights, embeddings); biases and LayerNorm gains stay undecayed.
-        # With Muon, the weight matrices (parameters_by_role) are Muon's, at muon_lr; AdamW takes the rest.
-        # process_group: DDP's, across whose ranks Muon shares its Newton-Schulz work (None: one process).
+    def configure_optimizers(self, settings, device_type, process_group=None, fused=None):
+        # settings: an OptimizerSettings (nanogpt.optimizers), from the flags or a checkpoint. Decay the 2-D tensors
+        # (matmul weights, embeddings); biases and LayerNorm gains stay undecayed. --optimizer's entry of
+        # MATRIX_OPTIMIZERS, if not AdamW, takes the weight matrices (parameters_by_role); AdamW the rest.
         roles = parameters_by_role(self)
-        matrices = roles.pop("matrix") if optimizer == "muon" else []
+        matrices = roles.pop("matrix") if MATRIX_OPTIMIZERS[settings.optimizer].make else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
-        if rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters (nanogpt.optimizers)
-            groups = groups_by_role(roles, weight_decay, learning_rate, rates, self.config.n_embd)
+        if settings.rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters
+            groups = groups_by_role(roles, settings.weight_decay, settings.max_lr, settings.rates, self.config.n_embd)
         else:
             decay = [p for p in params if p.dim() >= 2]
             no_decay = [p for p in params if p.dim() < 2]
-            groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            groups = [{"params": decay, "weight_decay": settings.weight_decay},
+                      {"params": no_decay, "weight_decay": 0.0}]
         if fused is None:  # fused on GPUs; on a CPU the foreach AdamW, build-nanogpt's numbers
             fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-        if not matrices:
-            return adamw
-        return muon_with_adamw(matrices, adamw, muon_lr, learning_rate, momentum_warmup, process_group)
+        adamw = torch.optim.AdamW(groups, lr=settings.max_lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        return matrices_with_adamw(matrices, adamw, settings, process_group)
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -947,19 +951,19 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         torch.cuda.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
     with torch.device("meta"):  # the parameters counted without allocating them
-        n_params = make_gpt(config).num_params()
+        params = arguments.counted_parameters(make_gpt(config))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     fit = fits_by_trial(args, ckpt, device_type)
     if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
         preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
-        args.batch_size, skipped = largest_batch_size(args, preset, config, n_params, dtype, device_type, world_size,
+        args.batch_size, skipped = largest_batch_size(args, preset, config, params, dtype, device_type, world_size,
                                                       local_world_size)
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
     # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
-    arguments.check_memory(config, n_params, args, dtype, device_type, local_world_size)
+    arguments.check_memory(config, params, args, dtype, device_type, local_world_size)
     arguments.check_optimizer_dtype(args.optimizer, dtype)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
@@ -978,8 +982,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
-    optimizer = raw_model.configure_optimizers(args.weight_decay, args.max_lr, device_type, args.optimizer, args.muon_lr,
-                                               adamw_rates(args), args.muon_momentum_warmup,
+    optimizer = raw_model.configure_optimizers(OptimizerSettings.of(args), device_type,
                                                torch.distributed.group.WORLD if ddp else None, args.fused_adamw)
     if zero:
         optimizer = zero_redundancy(optimizer)
@@ -993,7 +996,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         run.say(f"--batch_size auto: micro-batch {args.batch_size}, the largest the memory formula fits, untried under "
                 f"--fsdp: {split(args.batch_size)}")
     if fit and not fsdp:
-        reserve = 4 * n_params if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
+        reserve = 4 * params.total if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
         trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
                                   autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
@@ -1022,7 +1025,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
-              flops_per_token=raw_model.flops_per_token(args.seq_len),  # --init_from's context may be longer
+              flops_per_token=peak and raw_model.flops_per_token(args.seq_len),  # (counted where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
@@ -1074,9 +1077,8 @@ def build_parser():
                    help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon; speedrun: "
                         "--arch speedrun with the GPT-2 speedruns' optimizer set-up (Muon with momentum warm-up, AdamW "
                         "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
-    g.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
-                   help="muon: Muon (torch.optim.Muon's update, batched over same-shape matrices) on the blocks' "
-                        "weight matrices, AdamW (at --max_lr) on the rest")
+    g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS),
+                   help="; ".join(entry.about for entry in MATRIX_OPTIMIZERS.values()))
     g.add_argument("--muon_lr", type=float, default=MUON_LR,
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
     g.add_argument("--muon_momentum_warmup", type=int, default=0,

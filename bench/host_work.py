@@ -117,9 +117,9 @@ def count_ours(flags, optimizer_classes=None):
     """HostWork's steps of train_gpt2.main(flags), in this process."""
     import train_gpt2
     from nanogpt.muon import Muon
-    from nanogpt.optimizers import MuonWithAdamW
+    from nanogpt.optimizers import MatricesWithAdamW
 
-    with HostWork(optimizer_classes or (Muon, MuonWithAdamW)) as work:
+    with HostWork(optimizer_classes or (Muon, MatricesWithAdamW)) as work:
         train_gpt2.main(flags)
     return work.steps
 

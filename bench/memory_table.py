@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanogpt.arguments import GPU_CONTEXT_BYTES, GPU_FRAGMENTATION, fits_on_gpu  # noqa: E402
+from nanogpt.optimizers import OptimizerSettings  # noqa: E402
 
 GiB = 2**30
 MiB = 2**20
@@ -66,12 +67,13 @@ def model_and_flags(argv):
     return args, config
 
 
-def n_params(config):
+def parameter_counts(config):
     import torch
     import train_gpt2
+    from nanogpt.arguments import counted_parameters
 
     with torch.device("meta"):
-        return train_gpt2.make_gpt(config).num_params()
+        return counted_parameters(train_gpt2.make_gpt(config))
 
 
 def formula(args, config, device_type="cpu", moments=False):
@@ -79,7 +81,7 @@ def formula(args, config, device_type="cpu", moments=False):
     from nanogpt.arguments import estimated_bytes, peak_bytes_by_moment
 
     estimate = peak_bytes_by_moment if moments else estimated_bytes
-    return estimate(config, n_params(config), args.batch_size, args.seq_len, args.dtype, args.optimizer,
+    return estimate(config, parameter_counts(config), args.batch_size, args.seq_len, args.dtype, args.optimizer,
                     args.recompute, args.loss_impl, device_type)
 
 
@@ -109,8 +111,7 @@ def measure(argv, fake=False):
     with allocations as profiler, FakeTensorMode() if fake else nullcontext():
         model = train_gpt2.make_gpt(config)
         model.recompute, model.loss_impl = args.recompute, args.loss_impl
-        optimizer = model.configure_optimizers(args.weight_decay, args.max_lr, "cpu", args.optimizer, args.muon_lr,
-                                               train_gpt2.adamw_rates(args), args.muon_momentum_warmup)
+        optimizer = model.configure_optimizers(OptimizerSettings.of(args), "cpu")
         tracker = MemTracker()
         tracker.track_external(model, *local_optimizers(optimizer))
         autocast = autocast_context("cpu", args.dtype)

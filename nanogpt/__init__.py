@@ -12,7 +12,7 @@ The plumbing of train_gpt2.py and its sibling scripts, a module per concern (doc
     layers           the model's layers beyond GPT-2's: attention over a KV cache, RMSNorm, rotary, llama's, ReLU²
     loss_head        the chunked linear + cross-entropy loss head
     muon             Muon: torch.optim.Muon's update, batched over same-shape matrices, shared across DDP ranks
-    optimizers       Muon beside AdamW, as one optimizer
+    optimizers       the parameters by role, the table of the matrices' optimizers (AdamW, Muon), stepped as one
     config_fields    GPTConfig's fields as flags, in checkpoints, held on resume, --init_from and export (no torch)
     hf               transformers GPT-2, Llama, Qwen3: importing their weights, exporting ours
     checkpoints      checkpoint files: find, save, load, prune, resume

@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from nanogpt.cli import INT_MAX, UserError
 from nanogpt.config_fields import refuse_another_model
@@ -90,13 +90,18 @@ def check_args(args, run_presets):
             by = f" (--model {args.model} turns it off)" if preset else ""
             raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
                             f"give --{switch} {value} too, or drop --{name}")
-    if args.optimizer == "muon" and (args.zero or args.fsdp):
-        raise UserError(f"--optimizer muon trains with DDP only, not {'--fsdp' if args.fsdp else '--zero 1'}: Muon "
-                        "orthogonalises each whole weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer "
-                        "class; drop the flag, or use --optimizer adamw")
-    for name in ("muon_lr", "muon_momentum_warmup"):
-        if name in args.explicit and args.optimizer != "muon":
-            raise UserError(f"--{name} does nothing with --optimizer {args.optimizer}; add --optimizer muon, or drop it")
+    from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
+
+    entry = MATRIX_OPTIMIZERS[args.optimizer]
+    if not entry.shardable and (args.zero or args.fsdp):
+        raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {'--fsdp' if args.fsdp else '--zero 1'}:"
+                        " it updates each whole weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer class; "
+                        "drop the flag, or use --optimizer adamw")
+    for name, other in MATRIX_OPTIMIZERS.items():
+        for flag in other.flags:
+            if flag in args.explicit and flag not in entry.flags:
+                raise UserError(f"--{flag} does nothing with --optimizer {args.optimizer}; add --optimizer {name}, "
+                                "or drop it")
     if args.zero and args.fsdp:
         raise UserError("--zero 1 and --fsdp do not combine (FSDP already shards the optimizer state); pick one "
                         "(when resuming, --zero 0 or --no_fsdp turns off the checkpoint's setting)")
@@ -180,13 +185,38 @@ def loss_chunk_rows(vocab_size):
     return default_loss_chunk_size(vocab_size)
 
 
-def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
+@dataclass(frozen=True)
+class ParameterCounts:
+    """What the memory estimate reads of a model's parameters, counted on the built model (counted_parameters), so
+    that a new layer's weights and their optimizer state count without an edit here."""
+    total: int  # every parameter: weights, gradients, AdamW's state
+    matrices: int  # parameters_by_role's "matrix": the matrices' optimizer's (MATRIX_OPTIMIZERS' state bytes)
+    linear_weights: int  # the nn.Linear layers' weights but the output head's: autocast's low-precision copies
+    linear_biases: int  # and their biases, copied too
+
+
+def counted_parameters(model):
+    """ParameterCounts of model (built on the meta device: nothing allocated)."""
+    import torch
+
+    from nanogpt.optimizers import parameters_by_role
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
+    return ParameterCounts(total=sum(p.numel() for p in model.parameters()),
+                           matrices=sum(p.numel() for p in parameters_by_role(model)["matrix"]),
+                           linear_weights=sum(m.weight.numel() for m in linears),
+                           linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None))
+
+
+def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
                          device_type="cpu"):
     """The bytes of the tensors alive at each moment of a training step where its peak can be, for a model of
-    config's shape with n_params parameters, a micro-batch of B x T tokens, run eagerly (no torch.compile) as
+    config's shape whose parameters params counts (ParameterCounts), a micro-batch of B x T tokens, run eagerly (no torch.compile) as
     train_gpt2.py's loop runs it, in a micro-step after the first of a step after the first (so the gradients of
     the micro-steps before and the optimizer's state exist). docs/speed.md ("Memory") has the tensors and the
     check against measurements (bench/memory_table.py)."""
+    from nanogpt.optimizers import MATRIX_OPTIMIZERS
+
     a = 2 if dtype in ("bf16", "fp16") else 4  # bytes of an activation in the compute dtype
     low = a < 4  # autocast: each linear layer keeps its own low-precision copy of its input and weight
     C, F, V, L, H = config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head
@@ -195,13 +225,14 @@ def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recom
     kv = kv_heads * D
     gpt2, gain = config.arch == "gpt2", config.arch == "llama"  # gain: an RMSNorm with a learned gain
     swiglu = config.mlp_act == "swiglu"
-    # weights, the gradients of the micro-steps before, AdamW's two moments or Muon's momentum (the blocks' matrices)
-    matrices = (4 * C * C if gpt2 else 2 * C * C + 2 * C * kv) + (3 if swiglu else 2) * C * F
-    state = 4 * L * matrices + 8 * (n_params - L * matrices) if optimizer == "muon" else 8 * n_params
-    static = 8 * n_params + state
-    biases = 5 * C + F if gpt2 else 0
-    cast_weights = 2 * L * (matrices + biases) if low else 0  # autocast's copies, cached through the forward pass
-    saved_weights = 2 * L * matrices if low else 0  # those of them backward needs
+    # weights, the gradients of the micro-steps before, the optimizers' state: the matrices' optimizer's
+    # (MATRIX_OPTIMIZERS) for the matrices, AdamW's two moments for the rest
+    state = MATRIX_OPTIMIZERS[optimizer].state_bytes * params.matrices + 8 * (params.total - params.matrices)
+    static = 8 * params.total + state
+    # autocast's copies of the linear layers' weights and biases, cached through the forward pass; the weights'
+    # are those backward needs
+    cast_weights = 2 * (params.linear_weights + params.linear_biases) if low else 0
+    saved_weights = 2 * params.linear_weights if low else 0
     head_weight = 2 * V * C if low else 0
 
     # Per token, what a block keeps for backward: its input and the residual stream after attention (fp32); each
@@ -273,28 +304,28 @@ def peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer="adamw", recom
     return moments
 
 
-def estimated_bytes(config, n_params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
+def estimated_bytes(config, params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
                     device_type="cpu"):
     """A low estimate of the memory one training process needs: the largest of peak_bytes_by_moment's moments,
     each a count of tensors alive at once that leaves out only small ones. Against the CPU allocator's peak through
     real steps (bench/memory_table.py, docs/speed.md "Memory": every recipe, fp32 and bf16, --recompute, --loss_impl
     chunked, up to d12) it was 0-0.03% below, never above by more than a few bytes; up to ~10% below only where a
     recomputed block's backward is the peak, which takes a vocabulary of a few hundred."""
-    return max(peak_bytes_by_moment(config, n_params, B, T, dtype, optimizer, recompute, loss_impl,
+    return max(peak_bytes_by_moment(config, params, B, T, dtype, optimizer, recompute, loss_impl,
                                     device_type).values())
 
 
-def run_estimated_bytes(config, n_params, args, batch_size, dtype, device_type, shards=1):
+def run_estimated_bytes(config, params, args, batch_size, dtype, device_type, shards=1):
     """estimated_bytes of this run (its --seq_len, --optimizer, --recompute, --loss_impl) at a micro-batch: the one
     estimate of check_memory's refusal and of --batch_size auto's pick without a trial (a CPU's, --fsdp's). shards:
     --fsdp's ranks, each holding its share of the weights, their gradients and AdamW's state (16 bytes a parameter)
     and, gathered for its forward and backward, two Blocks' weights and gradients at once (one prefetched)."""
-    estimate = estimated_bytes(config, n_params, batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
+    estimate = estimated_bytes(config, params, batch_size, args.seq_len, dtype, args.optimizer, args.recompute,
                                args.loss_impl, device_type)
     if shards == 1:
         return estimate
-    block = (n_params - config.vocab_size * config.n_embd) // config.n_layer  # at most a Block's parameters
-    return estimate - 16 * n_params * (shards - 1) // shards + 2 * 8 * block
+    block = (params.total - config.vocab_size * config.n_embd) // config.n_layer  # at most a Block's parameters
+    return estimate - 16 * params.total * (shards - 1) // shards + 2 * 8 * block
 
 
 GPU_CONTEXT_BYTES = 2**30  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
@@ -369,28 +400,30 @@ def widening_flags(args):
 
 
 def check_optimizer_dtype(optimizer, dtype):
-    """--optimizer muon in fp16 is refused: fp16's loss scaler is not wired to Muon."""
-    if optimizer == "muon" and dtype == "fp16":
-        raise UserError("--optimizer muon trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+    """An --optimizer whose entry has no fp16 (Muon's) is refused in fp16: fp16's loss scaler is not wired to it."""
+    from nanogpt.optimizers import MATRIX_OPTIMIZERS
+
+    if dtype == "fp16" and not MATRIX_OPTIMIZERS[optimizer].fp16:
+        raise UserError(f"--optimizer {optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
 
 
-def check_memory(config, n_params, args, dtype, device_type, local_world_size):
+def check_memory(config, params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
     is an error the loop turns into one line.) config is model_config's, --init_from's shape included;
-    n_params its model's parameters."""
+    params its model's ParameterCounts."""
     have = available_memory_bytes()
     if have is None:
         return
     wide = " or ".join(widening_flags(args))
     smaller = (f"a smaller model than --init_from {args.init_from}" if args.init_from != "scratch"
                else f"a smaller {wide}, --model or --n_layer/--n_embd" if wide else "a smaller --model or --n_layer/--n_embd")
-    weights = 4 * n_params
+    weights = 4 * params.total
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = run_estimated_bytes(config, n_params, args, args.batch_size, dtype, device_type) * local_world_size
+    need = run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type) * local_world_size
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "

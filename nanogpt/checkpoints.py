@@ -18,7 +18,7 @@ from nanogpt.arguments import saved_arguments
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import config_from_checkpoint
 from nanogpt.files import CPUS, atomic_write, block_digests, disk_advice
-from nanogpt.optimizers import adamw_rates
+from nanogpt.optimizers import OptimizerSettings
 from nanogpt.sharding import load_optimizer_state
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -215,9 +215,7 @@ def check_resumable(ckpt, path, config_class, make_model):
     try:
         with torch.device("meta"):
             model = make_model(config)
-            run = ckpt.get("args", {})
-            optimizer = model.configure_optimizers(0.0, 1.0, "cpu", run.get("optimizer", "adamw"), run.get("muon_lr"),
-                                                   adamw_rates(run), run.get("muon_momentum_warmup", 0))
+            optimizer = model.configure_optimizers(OptimizerSettings.of(ckpt.get("args", {})), "cpu")
             optimizer.load_state_dict(ckpt["optimizer"])
             for p, state in optimizer.state.items():
                 if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.values()):

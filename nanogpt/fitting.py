@@ -14,7 +14,6 @@ import torch
 
 from nanogpt import arguments
 from nanogpt.cli import UserError
-from nanogpt.muon import Muon
 from nanogpt.optimizers import local_optimizers
 from nanogpt.runtime import is_out_of_memory
 
@@ -39,7 +38,7 @@ def fits_by_trial(args, ckpt, device_type):
     return args.batch_size == "auto" or ("batch_size" not in args.explicit and ckpt is None and device_type != "cpu")
 
 
-def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_type, world_size, local_world_size,
+def largest_batch_size(args, preset_batch_size, config, params, dtype, device_type, world_size, local_world_size,
                        free_gpu_bytes=None):
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
@@ -49,7 +48,7 @@ def largest_batch_size(args, preset_batch_size, config, n_params, dtype, device_
     sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
-    estimate = functools.partial(arguments.run_estimated_bytes, config, n_params, args, dtype=dtype,
+    estimate = functools.partial(arguments.run_estimated_bytes, config, params, args, dtype=dtype,
                                  device_type=device_type)
     fits = None
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
@@ -119,7 +118,7 @@ def update_count_now(optimizer):
     parameter's count is the same (each step updates them all, or skips them all). What weights_untouched compares
     a failed step with; a few operations a step, whatever the model's size."""
     optimizers = local_optimizers(optimizer)
-    if any(isinstance(opt, Muon) for opt in optimizers):
+    if not all(isinstance(opt, torch.optim.Adam) for opt in optimizers):  # (AdamW is one) another keeps no count
         return None
     for opt in optimizers:
         for state in opt.state.values():
@@ -166,7 +165,7 @@ def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast,
                     if p.grad is not None:
                         p.grad.zero_()
             try:
-                with opt.alone() if isinstance(opt, Muon) else contextlib.nullcontext():  # no collective: see alone
+                with getattr(opt, "alone", contextlib.nullcontext)():  # no collective (Muon's: see alone)
                     opt.step()
             finally:
                 for group, rate in zip(opt.param_groups, rates):

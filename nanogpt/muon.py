@@ -90,6 +90,8 @@ class Muon(torch.optim.Optimizer):
     before step(): where it is 1 the step leaves the weights and momentum buffers as they were, bit for bit,
     without the host reading it (as torch's fused AdamW takes it from a GradScaler)."""
 
+    takes_found_inf = True  # step() skips on the device where found_inf is set (nanogpt.optimizers.step_if_finite)
+
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=NS_COEFFICIENTS, eps=EPS, ns_steps=NS_STEPS, adjust_lr_fn=None, process_group=None):
         if not 0.0 <= lr:

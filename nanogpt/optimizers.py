@@ -1,8 +1,12 @@
 """
-Muon beside AdamW, stepped as one optimizer (train_gpt2.py --optimizer muon): Muon (nanogpt.muon: torch.optim.Muon's
-update, batched over same-shape matrices) orthogonalises the update of each weight matrix of the blocks; AdamW takes
-the embedding, the output head and the 1-D parameters, as in nanochat and modded-nanogpt.
+The optimizers: the parameters by role (parameters_by_role), the table of the weight matrices' optimizers
+(MATRIX_OPTIMIZERS: AdamW, Muon) from which configure_optimizers builds a run's, the one that is not AdamW stepped
+beside AdamW for the rest as one optimizer (MatricesWithAdamW), AdamW's groups by role, and the step skipped when
+the loss or the gradients are not finite (step_if_finite).
 """
+
+import functools
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,53 +17,117 @@ from nanogpt.muon import Muon
 MUON_MOMENTUM = (0.85, 0.95)  # --muon_momentum_warmup's climb (modded-nanogpt's); Muon's default is the top
 
 
-class MuonWithAdamW:
-    """Two optimizers the training loop uses as one: its param_groups are both's (Muon's first, each with
-    an "lr_scale" that the loop multiplies the scheduled learning rate by: --muon_lr / --max_lr), step() and
-    zero_grad() act on both, and state_dict() holds both (Muon's momentum buffers too), so a resumed run
-    continues exactly. With momentum_warmup, Muon's momentum climbs linearly over its first that many steps
-    from MUON_MOMENTUM[0] to [1]; the steps taken are then saved too."""
+class MatricesWithAdamW:
+    """The matrices' optimizer (an entry of MATRIX_OPTIMIZERS other than AdamW, under its name) and AdamW for the
+    rest, used by the training loop as one: its param_groups are both's (the matrices' first, each with an
+    "lr_scale" that the loop multiplies the scheduled learning rate by: their rate / --max_lr), step() and
+    zero_grad() act on both, and state_dict() holds both under {name, "adamw"}, so a resumed run continues exactly.
+    before_step(matrices, steps), when given, sets the matrices' groups for their next step from the steps taken
+    (Muon's momentum warm-up); the steps taken are then saved too."""
 
-    def __init__(self, muon, adamw, momentum_warmup=0):
-        self.muon, self.adamw, self.momentum_warmup, self.steps = muon, adamw, momentum_warmup, 0
+    def __init__(self, name, matrices, adamw, before_step=None):
+        self.name, self.matrices, self.adamw, self.before_step, self.steps = name, matrices, adamw, before_step, 0
 
     @property
     def param_groups(self):
-        return self.muon.param_groups + self.adamw.param_groups
+        return self.matrices.param_groups + self.adamw.param_groups
 
     @property
     def state(self):
-        return {**self.muon.state, **self.adamw.state}
+        return {**self.matrices.state, **self.adamw.state}
 
     def step(self):
-        if self.momentum_warmup:
-            low, high = MUON_MOMENTUM
-            for group in self.muon.param_groups:
-                group["momentum"] = low + (high - low) * min(self.steps / self.momentum_warmup, 1.0)
-        self.muon.step()
+        if self.before_step:
+            self.before_step(self.matrices, self.steps)
+        self.matrices.step()
         self.adamw.step()
         self.steps += 1
 
     def zero_grad(self, set_to_none=True):
-        self.muon.zero_grad(set_to_none=set_to_none)
+        self.matrices.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
-        steps = {"steps": self.steps} if self.momentum_warmup else {}  # a run without the warm-up: as it always was
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict(), **steps}
+        steps = {"steps": self.steps} if self.before_step else {}  # a run without a schedule: as it always was
+        return {self.name: self.matrices.state_dict(), "adamw": self.adamw.state_dict(), **steps}
 
     def load_state_dict(self, state):
-        self.muon.load_state_dict(state["muon"])
+        self.matrices.load_state_dict(state[self.name])
         self.adamw.load_state_dict(state["adamw"])
         self.steps = state.get("steps", 0)
 
 
-def muon_with_adamw(matrices, adamw, muon_lr, max_lr, momentum_warmup=0, process_group=None):
-    """Muon over `matrices` (at muon_lr, no weight decay, as modded-nanogpt), with adamw. process_group: None in
-    one process, the DDP ranks' group to share Muon's Newton-Schulz work across them."""
-    muon = Muon([{"params": matrices, "lr_scale": muon_lr / max_lr if max_lr else 1.0}], lr=muon_lr, weight_decay=0.0,
-                process_group=process_group)
-    return MuonWithAdamW(muon, adamw, momentum_warmup)
+def muon_momentum_warmup(warmup, muon, steps):
+    """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]."""
+    low, high = MUON_MOMENTUM
+    for group in muon.param_groups:
+        group["momentum"] = low + (high - low) * min(steps / warmup, 1.0)
+
+
+def make_muon(groups, rate, settings, process_group):
+    """MATRIX_OPTIMIZERS' Muon: at rate (--muon_lr), no weight decay (modded-nanogpt's), its momentum warm-up
+    (--muon_momentum_warmup) as the step's schedule; process_group: DDP's, across whose ranks it shares its
+    Newton-Schulz work (None: one process)."""
+    warmup = settings.flags.get("muon_momentum_warmup") or 0
+    muon = Muon(groups, lr=rate, weight_decay=0.0, process_group=process_group)
+    return muon, functools.partial(muon_momentum_warmup, warmup) if warmup else None
+
+
+@dataclass(frozen=True)
+class MatrixOptimizer:
+    """An entry of MATRIX_OPTIMIZERS: the optimizer of the weight matrices (parameters_by_role's "matrix"); AdamW
+    takes the rest."""
+    make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's
+    rate_flag: str = None  # the flag (one of flags) of the matrices' peak rate, which the schedule scales as it
+    # scales --max_lr; None: --max_lr
+    flags: tuple = ()  # its own flags, refused with another --optimizer ("does nothing")
+    state_bytes: int = 8  # its state per parameter (fp32): the memory estimate's
+    shardable: bool = True  # whether --zero 1 / --fsdp can take it (ZeRO-1 shards one class; FSDP splits matrices)
+    fp16: bool = True  # whether fp16's loss scaler is wired to it
+    about: str = ""  # for --optimizer's help
+
+
+# --optimizer's choices. A new optimizer of the matrices is an entry here, its factory, and its flags in
+# train_gpt2.build_parser(); checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
+MATRIX_OPTIMIZERS = {
+    "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter"),
+    "muon": MatrixOptimizer(make_muon, "muon_lr", ("muon_lr", "muon_momentum_warmup"), state_bytes=4,
+                            shardable=False, fp16=False,
+                            about="muon: Muon (torch.optim.Muon's update, batched over same-shape matrices) on the "
+                                  "weight matrices, AdamW (at --max_lr) on the embeddings, the head and the 1-D "
+                                  "parameters"),
+}
+
+
+@dataclass
+class OptimizerSettings:
+    """What configure_optimizers builds from: of() takes them from the parsed flags or a checkpoint's saved dict
+    of them (a flag the checkpoint predates: None, its factory's default)."""
+    optimizer: str = "adamw"  # a key of MATRIX_OPTIMIZERS
+    max_lr: float = 1.0
+    weight_decay: float = 0.0
+    rates: dict = None  # AdamW's by role (adamw_rates), or None
+    flags: dict = field(default_factory=dict)  # the matrices' optimizer's own flags (its entry's), by name
+
+    @classmethod
+    def of(cls, args):
+        get = args.get if isinstance(args, dict) else lambda name: getattr(args, name, None)
+        name, max_lr = get("optimizer") or "adamw", get("max_lr")
+        return cls(name, 1.0 if max_lr is None else max_lr, get("weight_decay") or 0.0, adamw_rates(args),
+                   {flag: get(flag) for flag in MATRIX_OPTIMIZERS[name].flags})
+
+
+def matrices_with_adamw(matrices, adamw, settings, process_group=None):
+    """The optimizer of --optimizer (settings.optimizer, an entry of MATRIX_OPTIMIZERS) over `matrices` at its
+    rate, stepped beside adamw; AdamW itself where the entry is AdamW's."""
+    name = settings.optimizer
+    entry = MATRIX_OPTIMIZERS[name]
+    if entry.make is None or not matrices:
+        return adamw
+    rate = settings.flags.get(entry.rate_flag) if entry.rate_flag else settings.max_lr
+    groups = [{"params": matrices, "lr_scale": rate / settings.max_lr if settings.max_lr else 1.0}]
+    optimizer, before_step = entry.make(groups, rate, settings, process_group)
+    return MatricesWithAdamW(name, optimizer, adamw, before_step)
 
 
 WIDTH_OF_RATES = 768  # --embed_lr and --head_lr are rates at this width, scaled by sqrt(768 / n_embd) (nanochat's)
@@ -106,8 +174,10 @@ def groups_by_role(roles, weight_decay, max_lr, rates, n_embd):
 
 def rates_beside(optimizer):
     """The learning rates of the optimizers stepped beside AdamW, by name, for the step line and the trackers:
-    {"muon": Muon's rate} beside AdamW, else {}."""
-    return {"muon": optimizer.muon.param_groups[0]["lr"]} if isinstance(optimizer, MuonWithAdamW) else {}
+    {name: the matrices' rate} beside AdamW, else {}."""
+    if isinstance(optimizer, MatricesWithAdamW):
+        return {optimizer.name: optimizer.matrices.param_groups[0]["lr"]}
+    return {}
 
 
 def adamw_rates(args):
@@ -120,16 +190,16 @@ def adamw_rates(args):
 
 def local_optimizers(optimizer):
     """The torch optimizers this process steps itself: ZeroRedundancyOptimizer's own share (whose step() would
-    broadcast to the others), Muon's and AdamW's beside each other, or the optimizer."""
+    broadcast to the others), the matrices' and AdamW's beside each other, or the optimizer."""
     inner = getattr(optimizer, "optim", optimizer)
-    return [inner.muon, inner.adamw] if isinstance(inner, MuonWithAdamW) else [inner]
+    return [inner.matrices, inner.adamw] if isinstance(inner, MatricesWithAdamW) else [inner]
 
 
 def takes_found_inf(optimizer):
     """Whether a torch optimizer skips its whole step on the device when handed a found_inf flag (the loss
     scaler's protocol): fused AdamW does, and the Muon here; the foreach AdamW (a CPU's default) does not, nor a
     fused one over --fsdp's sharded parameters (a plain flag among DTensors)."""
-    if isinstance(optimizer, Muon):
+    if getattr(optimizer, "takes_found_inf", False):  # (nanogpt.muon's Muon says so)
         return True
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return (isinstance(optimizer, torch.optim.Adam) and all(group.get("fused") for group in optimizer.param_groups)

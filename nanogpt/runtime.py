@@ -64,6 +64,25 @@ def peak_flops(device):
     return None
 
 
+def counted_flops_per_token(make_model, loss_of, seq_len):
+    """The FLOPs per token of a training step's matrix multiplications (torch.utils.flop_counter's count of mm,
+    bmm and attention), for MFU: loss_of(model, x, y)'s forward and backward over one sequence of seq_len tokens,
+    run on the meta device (shapes only: no memory, no arithmetic) by the model make_model() builds there. None
+    where that model cannot run on the meta device (an operation whose output shape depends on the values)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with torch.device("meta"):
+            model = make_model()
+            x = torch.zeros((1, seq_len), dtype=torch.long)
+            with FlopCounterMode(display=False) as counter:
+                loss, _ = loss_of(model, x, x)
+                loss.backward()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
+    return counter.get_total_flops() / seq_len
+
+
 def compile_by_default(device_type):
     """torch.compile is on unless asked otherwise where it pays off: CUDA GPUs."""
     return device_type == "cuda"

@@ -22,7 +22,7 @@ import generate_tokens
 import hellaswag
 import train_gpt2
 from nanogpt import arguments
-from nanogpt.arguments import estimated_bytes
+from nanogpt.arguments import counted_parameters, estimated_bytes
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint, save_checkpoint
 from nanogpt.shards import write_shard
 from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, make_shards, read_log,
@@ -358,8 +358,8 @@ def test_the_tiny_preset_fits_a_laptop_and_flags_still_win():
     args = train_gpt2.parse_args(["--model", "tiny"])
     config = train_gpt2.model_config(args, None)
     with torch.device("meta"):
-        n_params = train_gpt2.GPT(config).num_params()
-    assert estimated_bytes(config, n_params, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
+        params = counted_parameters(train_gpt2.GPT(config))
+    assert estimated_bytes(config, params, args.batch_size, args.seq_len, "fp32") < 2 * 2**30
     assert args.total_batch_size // (args.batch_size * args.seq_len) <= 4  # a step is a few micro-batches, not 128
     assert train_gpt2.parse_args(["--model", "tiny", "--batch_size", "3"]).batch_size == 3
     assert train_gpt2.parse_args([]).total_batch_size == 524288  # the GPT-2 recipe stays the default

@@ -14,6 +14,7 @@ import train_gpt2
 from conftest import (TINY_FLAGS, assert_cli_error, count_validation_tokens, load_weights, make_shards, read_log,
                       run_script, script_cli, torchrun)
 from nanogpt.fitting import candidate_batch_sizes, smaller_batch_size, trial_step
+from nanogpt.optimizers import OptimizerSettings
 from oom_worker import failing_above
 
 # 6 steps of 256 tokens: 8 rows of 32 a step, --model tiny's cap of 8 rows a micro-batch
@@ -50,7 +51,7 @@ def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing(kind):
     torch.distributed would refuse."""
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
-    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu", kind, 0.02, process_group=object())
+    optimizer = model.configure_optimizers(OptimizerSettings(kind, 1e-3, 0.1, flags={"muon_lr": 0.02}), "cpu", process_group=object())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     held, forward = [], model.forward
 
@@ -178,17 +179,17 @@ def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_fre
     args = train_gpt2.parse_args(["--model", "d24", "--fsdp", "--dtype", "bf16"])
     config = train_gpt2.model_config(args)
     with torch.device("meta"):
-        n_params = train_gpt2.make_gpt(config).num_params()
+        params = arguments.counted_parameters(train_gpt2.make_gpt(config))
 
     def pick(free_gib, world_size=8):
-        return largest_batch_size(args, 64, config, n_params, "bf16", "cuda", world_size, world_size,
+        return largest_batch_size(args, 64, config, params, "bf16", "cuda", world_size, world_size,
                                   free_gpu_bytes=lambda: free_gib * GiB)[0]
 
     sizes = (24, 40, 80, 160)
     picks = [pick(gib) for gib in sizes]
     assert picks[2] < 64 and picks == sorted(picks) and picks[-1] == 64, picks
     for gib, b in zip(sizes, picks):  # the pick fits, and the next candidate up (twice it, here) would not
-        fits = [arguments.fits_on_gpu(arguments.run_estimated_bytes(config, n_params, args, size, "bf16", "cuda",
+        fits = [arguments.fits_on_gpu(arguments.run_estimated_bytes(config, params, args, size, "bf16", "cuda",
                                                                     shards=8), gib * GiB) for size in (b, 2 * b)]
         assert fits[0] and (b == 64 or not fits[1]), (gib, b, fits)
     assert pick(40, world_size=2) <= pick(40, world_size=8)
@@ -352,7 +353,7 @@ def test_an_optimizer_step_that_fails_making_its_state_is_told_from_one_that_cha
 
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
-    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu")
+    optimizer = model.configure_optimizers(OptimizerSettings(max_lr=1e-3, weight_decay=0.1), "cpu")
     x = torch.randint(0, 64, (2, 8))
     model(x, x)[1].backward()
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -5,6 +5,7 @@ import torch
 
 import train_gpt2
 from conftest import make_shards, read_log, write_hellaswag
+from nanogpt.optimizers import OptimizerSettings
 from train_gpt2 import GPT, GPTConfig
 
 pytestmark = pytest.mark.cuda
@@ -28,7 +29,7 @@ def test_compiled_bf16_matches_eager_fp32():
 
 
 def test_fused_adamw_on_cuda():
-    opt = small_model().configure_optimizers(0.1, 6e-4, "cuda")
+    opt = small_model().configure_optimizers(OptimizerSettings(max_lr=6e-4, weight_decay=0.1), "cuda")
     assert opt.defaults["fused"] is True
 
 

@@ -41,7 +41,36 @@ QUICK = {("modern", "--dtype bf16 --recompute"), ("speedrun", "--dtype bf16 --lo
 def test_the_estimate_is_the_measured_peak_of_a_training_steps_tensors(memory_table, recipe, options):
     argv = f"--recipe {recipe} {SHAPE} {options}".split()
     measured = memory_table.measure(argv)["allocated"]
-    assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), measured), measured
+    estimate = memory_table.formula(*memory_table.model_and_flags(argv))
+    assert within_tolerance(estimate, measured), (
+        f"estimate {estimate} against a measured peak of {measured}: a model's activations (what its layers keep for "
+        "backward) are described in nanogpt/arguments.py's peak_bytes_by_moment; its parameters, their gradients "
+        "and optimizer state are counted on the model (counted_parameters)")
+
+
+def test_a_new_matrix_counts_in_the_estimate_without_an_edit():
+    """A 2-D weight added outside the blocks (a second head's projection, say) is counted on the model: its
+    weight, gradient and optimizer state (AdamW's two moments, Muon's one), and under autocast its low-precision
+    copy (a linear layer's), at every moment of the step."""
+    import train_gpt2
+
+    config = train_gpt2.GPTConfig(arch="llama", block_size=32, vocab_size=512, n_layer=2, n_head=2, n_embd=32)
+
+    class WithProjection(train_gpt2.GPT):
+        def __init__(self, config):
+            super().__init__(config)
+            self.projection = torch.nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+
+    with torch.device("meta"):
+        plain, more = (arguments.counted_parameters(cls(config)) for cls in (train_gpt2.GPT, WithProjection))
+    n = 3 * config.n_embd**2
+    for optimizer, state in (("adamw", 8), ("muon", 4)):
+        for dtype, copy in (("fp32", 0), ("bf16", 2)):
+            before, after = (arguments.peak_bytes_by_moment(config, p, 2, 32, dtype, optimizer) for p in (plain, more))
+            grown = {k: after[k] - before[k] for k in before}
+            assert grown["embedding gradient"] == grown["optimizer step"] == (8 + state) * n  # (no copy held)
+            assert grown["head forward"] == (8 + state + copy) * n  # autocast's copies, all held at forward's end
+            assert all(grown[k] in ((8 + state) * n, (8 + state + copy) * n) for k in grown), (optimizer, dtype)
 
 
 def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):
@@ -60,12 +89,12 @@ def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_
         args = train_gpt2.parse_args(f"--recipe gpt2 {SHAPE} --loss_impl {loss_impl}".split())
         config = train_gpt2.model_config(args)
         with torch.device("meta"):
-            n_params = train_gpt2.make_gpt(config).num_params()
+            params = arguments.counted_parameters(train_gpt2.make_gpt(config))
         if loss_impl == "plain":
             with pytest.raises(UserError, match="needs at least"):
-                arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
+                arguments.check_memory(config, params, args, "fp32", "cpu", 1)
         else:
-            arguments.check_memory(config, n_params, args, "fp32", "cpu", 1)
+            arguments.check_memory(config, params, args, "fp32", "cpu", 1)
 
 
 def fake_machine(tmp, cgroup_lines, files, mem_available_kb=64 * 2**20):

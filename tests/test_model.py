@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from nanogpt.cli import UserError
+from nanogpt.optimizers import OptimizerSettings
 from train_gpt2 import GPT, MODEL_PRESETS, GPTConfig
 
 
@@ -98,7 +99,7 @@ def test_weight_tying_and_init():
 
 def test_optimizer_decays_only_2d_tensors():
     model = GPT(GPTConfig(block_size=16, vocab_size=100, n_layer=2, n_head=2, n_embd=32))
-    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, device_type="cpu")
+    opt = model.configure_optimizers(OptimizerSettings(max_lr=1e-3, weight_decay=0.1), "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
@@ -106,20 +107,57 @@ def test_optimizer_decays_only_2d_tensors():
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
 
 
-@pytest.mark.parametrize("shape", [dict(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768),
-                                   dict(block_size=64, vocab_size=500, n_layer=3, n_head=4, n_embd=64)])
-def test_flops_per_token_formula(shape):
-    """nanoGPT's estimate_mfu: 6N + 12·L·H·Q·T, N the parameters without the position embedding
-    (get_num_params(non_embedding=True); the token embedding is the tied head, so it counts), Q the
-    head size, T the context. N from transformers' GPT-2 of the same shape; built on the meta device."""
+SHAPES = [dict(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768),
+          dict(block_size=64, vocab_size=500, n_layer=3, n_head=4, n_embd=64)]
+
+
+def hf_twin(shape):
     config = GPT2Config(vocab_size=shape["vocab_size"], n_positions=shape["block_size"], n_embd=shape["n_embd"],
                         n_layer=shape["n_layer"], n_head=shape["n_head"])
     with torch.device("meta"):
-        hf = GPT2LMHeadModel(config)
+        return GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_flops_per_token_are_the_models_matmuls(shape):
+    """MFU's FLOPs, counted on the model: 6 per weight of a matrix multiplication (forward, and backward's two
+    gradients) and 12·L·C·T for attention's scores and mixing (nanoGPT's estimate_mfu's term), T the context. The
+    weights from transformers' GPT-2 of the same shape: its 2-D ones less the position embedding (a lookup; the
+    token embedding is the tied head, a matmul). nanoGPT's 6N also counts the 1-D ones, which multiply nothing."""
+    hf = hf_twin(shape)
+    with torch.device("meta"):
         ours = GPT(GPTConfig(**shape))
+    n = sum(p.numel() for p in hf.parameters() if p.dim() == 2) - hf.transformer.wpe.weight.numel()
+    L, T = shape["n_layer"], shape["block_size"]
+    assert ours.flops_per_token() == 6 * n + 12 * L * shape["n_embd"] * T
+
+
+def test_a_new_layer_counts_in_the_flops_and_a_model_the_meta_device_cannot_run_falls_back():
+    """A layer added in a subclass's trunk counts as it computes (6 FLOPs a weight a token), with no edit to
+    flops_per_token; a model whose forward depends on the values (it cannot run on the meta device) gets
+    nanoGPT's 6N + 12·L·C·T, N counted on transformers' twin less its position embedding."""
+    shape = SHAPES[1]
+    C = shape["n_embd"]
+
+    class Wider(GPT):
+        def __init__(self, config):
+            super().__init__(config)
+            self.extra = torch.nn.Linear(C, C, bias=False)
+
+        def trunk(self, idx, start, kv_cache):
+            return self.extra(super().trunk(idx, start, kv_cache))
+
+    class ValueDependent(GPT):
+        def trunk(self, idx, start, kv_cache):
+            x = super().trunk(idx, start, kv_cache)
+            return x + x[x > 0].sum()
+
+    with torch.device("meta"):
+        plain, wider, dependent = GPT(GPTConfig(**shape)), Wider(GPTConfig(**shape)), ValueDependent(GPTConfig(**shape))
+    assert wider.flops_per_token() - plain.flops_per_token() == 6 * C * C
+    hf = hf_twin(shape)
     n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
-    L, H, T = shape["n_layer"], shape["n_head"], shape["block_size"]
-    assert ours.flops_per_token() == 6 * n + 12 * L * H * (shape["n_embd"] // H) * T
+    assert dependent.flops_per_token() == 6 * n + 12 * shape["n_layer"] * C * shape["block_size"]
 
 
 def test_unknown_model_name_is_a_user_error():

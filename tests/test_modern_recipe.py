@@ -25,6 +25,7 @@ from nanogpt import hellaswag_eval
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.hf import export_hf
 from nanogpt.muon import Muon
+from nanogpt.optimizers import OptimizerSettings
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 from test_hellaswag import reference_losses
 
@@ -142,14 +143,14 @@ def test_the_recipe_flag_on_resume_is_judged_by_what_it_stands_for(modern_runs, 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     model = random_llama(qk_norm=True)
-    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu", "muon", 0.02)
-    muon = {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
+    optimizer = model.configure_optimizers(OptimizerSettings("muon", 1e-3, 0.1, flags={"muon_lr": 0.02}), "cpu")
+    muon = {id(p) for g in optimizer.matrices.param_groups for p in g["params"]}
     adamw = {id(p) for g in optimizer.adamw.param_groups for p in g["params"]}
     names = {id(p): name for name, p in model.named_parameters()}
     assert {names[i] for i in muon} == {n for n, p in model.named_parameters() if p.dim() == 2 and ".h." in n}
     assert {names[i] for i in adamw} == {"transformer.wte.weight", "lm_head.weight", *(
         n for n, p in model.named_parameters() if p.dim() == 1)}
-    assert optimizer.muon.param_groups[0]["lr_scale"] == pytest.approx(20)  # --muon_lr / --max_lr
+    assert optimizer.matrices.param_groups[0]["lr_scale"] == pytest.approx(20)  # --muon_lr / --max_lr
 
 
 def test_the_schedule_scales_muons_learning_rate_too(modern_runs, monkeypatch, capsys):

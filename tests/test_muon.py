@@ -6,6 +6,7 @@ bit, without the host reading it), the ops a step costs per added matrix, and th
 """
 
 import collections
+import functools
 import os
 
 import pytest
@@ -14,7 +15,8 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanogpt.muon import Muon, adjusted_lr, stacked
-from nanogpt.optimizers import MuonWithAdamW, muon_with_adamw, step_if_finite
+from nanogpt.optimizers import (MatricesWithAdamW, OptimizerSettings, matrices_with_adamw, muon_momentum_warmup,
+                                step_if_finite)
 
 # square, tall (transposed in and out), wide, and several of one shape (a stack of 3, odd for two ranks' padding)
 SHAPES = [(16, 16), (48, 16), (48, 16), (48, 16), (16, 40), (16, 40), (24, 32)]
@@ -93,18 +95,21 @@ def test_the_tolerance_sees_a_wrong_update():
     assert any((p - q).abs().max() > tolerance(p.shape, 2) for p, q in zip(ours, theirs))
 
 
+WARMUP = functools.partial(muon_momentum_warmup, 4)  # Muon's momentum climbing over 4 steps
+
+
 def adamw_beside(params, fused=False):
     return torch.optim.AdamW([{"params": params, "lr_scale": 1.0}], lr=1e-3, fused=fused)
 
 
 def test_state_dicts_load_both_ways(tmp_path):
-    """MuonWithAdamW's state dict holding torch.optim.Muon's (checkpoints before nanogpt.muon) loads into ours, and
+    """MatricesWithAdamW's state dict holding torch.optim.Muon's (checkpoints before nanogpt.muon) loads into ours, and
     ours into torch's, through torch.save and torch.load(weights_only=True) as checkpoints go; each continues as the
     one that saved it would."""
     for saver_class, loader_class in ((torch.optim.Muon, Muon), (Muon, torch.optim.Muon)):
         saved_params, bias = matrices(), torch.nn.Parameter(torch.zeros(16))
-        saver = MuonWithAdamW(saver_class([{"params": saved_params, "lr_scale": 20.0}], lr=LR, weight_decay=0.0),
-                              adamw_beside([bias]), momentum_warmup=4)
+        saver = MatricesWithAdamW("muon", saver_class([{"params": saved_params, "lr_scale": 20.0}], lr=LR,
+                                                      weight_decay=0.0), adamw_beside([bias]), WARMUP)
         for step in range(2):
             set_gradients([saved_params], step)
             bias.grad = torch.ones(16)
@@ -113,12 +118,13 @@ def test_state_dicts_load_both_ways(tmp_path):
         state = torch.load(tmp_path / "state.pt", weights_only=True)
 
         loaded_params = twin(saved_params)
-        loader = MuonWithAdamW(loader_class([{"params": loaded_params, "lr_scale": 20.0}], lr=LR, weight_decay=0.0),
-                               adamw_beside([torch.nn.Parameter(bias.detach().clone())]), momentum_warmup=4)
+        loader = MatricesWithAdamW("muon", loader_class([{"params": loaded_params, "lr_scale": 20.0}], lr=LR,
+                                                        weight_decay=0.0),
+                                   adamw_beside([torch.nn.Parameter(bias.detach().clone())]), WARMUP)
         loader.load_state_dict(state)
-        assert state["muon"]["param_groups"][0].keys() == loader.muon.state_dict()["param_groups"][0].keys()
-        loaded = buffers(loader.muon, loaded_params)
-        assert all(torch.equal(a, b) for a, b in zip(buffers(saver.muon, saved_params), loaded))
+        assert state["muon"]["param_groups"][0].keys() == loader.matrices.state_dict()["param_groups"][0].keys()
+        loaded = buffers(loader.matrices, loaded_params)
+        assert all(torch.equal(a, b) for a, b in zip(buffers(saver.matrices, saved_params), loaded))
         assert loader_class is not Muon or stacked(loaded[1:4]) is not None  # ours: restacked as it loads
         assert loader.steps == 2
         for step in range(2, 4):
@@ -189,8 +195,9 @@ def test_a_non_finite_step_is_skipped_by_muon_and_adamw_together(fused):
     weights and state as they were, and a finite step is the plain step, bit for bit."""
     params, bias = matrices(), torch.nn.Parameter(torch.ones(16))
     plain, plain_bias = twin(params), torch.nn.Parameter(torch.ones(16))
-    optimizer = muon_with_adamw(params, adamw_beside([bias], fused=fused), LR, 1e-3)
-    reference = muon_with_adamw(plain, adamw_beside([plain_bias], fused=fused), LR, 1e-3)
+    settings = OptimizerSettings("muon", 1e-3, flags={"muon_lr": LR})
+    optimizer = matrices_with_adamw(params, adamw_beside([bias], fused=fused), settings)
+    reference = matrices_with_adamw(plain, adamw_beside([plain_bias], fused=fused), settings)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     for step, bad in ((0, False), (1, True), (2, False)):
         set_gradients([params, plain], step, bad=bad)
@@ -206,7 +213,7 @@ def test_a_non_finite_step_is_skipped_by_muon_and_adamw_together(fused):
         else:
             reference.step()
             assert all(torch.equal(p, q) for p, q in zip([*params, bias], [*plain, plain_bias]))
-    assert all(torch.equal(a, b) for a, b in zip(buffers(optimizer.muon, params), buffers(reference.muon, plain)))
+    assert all(torch.equal(a, b) for a, b in zip(buffers(optimizer.matrices, params), buffers(reference.matrices, plain)))
 
 
 def ops_of_a_step(optimizer_class, n_same_shape):

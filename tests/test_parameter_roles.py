@@ -8,6 +8,7 @@ import torch.nn as nn
 
 import train_gpt2
 from nanogpt.cli import UserError
+from nanogpt.optimizers import OptimizerSettings
 
 SMALL = dict(block_size=16, n_layer=2, n_head=2, n_embd=16)
 RECIPES = {  # the recipes' models and configure_optimizers' arguments as set_up passes them
@@ -15,6 +16,9 @@ RECIPES = {  # the recipes' models and configure_optimizers' arguments as set_up
     "modern": (dict(arch="llama"), ("muon", 0.02, None)),
     "speedrun": (dict(arch="speedrun"), ("muon", 0.04, {"embed": 0.3, "head": 0.008, "scalar": 0.04})),
 }
+
+
+MUON = OptimizerSettings("muon", 1e-3, 0.1, flags={"muon_lr": 0.02})
 
 
 def model_of(arch_fields):
@@ -52,15 +56,15 @@ def groups_now(model, optimizer):
 def test_todays_recipes_keep_their_groups_in_their_order(recipe):
     arch_fields, (kind, muon_lr, rates) = RECIPES[recipe]
     model = model_of(arch_fields)
-    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu", kind, muon_lr, rates)
+    optimizer = model.configure_optimizers(OptimizerSettings(kind, 1e-3, 0.1, rates, {"muon_lr": muon_lr}), "cpu")
     assert groups_now(model, optimizer) == groups_before(model, kind, rates)
 
 
 def test_a_matrix_outside_the_blocks_goes_to_muon():
     model = model_of(dict(arch="llama"))
     model.extra_head = nn.Linear(16, 16, bias=False)  # e.g. a second prediction head beside lm_head
-    optimizer = model.configure_optimizers(0.1, 1e-3, "cpu", "muon", 0.02)
-    assert any(p is model.extra_head.weight for p in optimizer.muon.param_groups[0]["params"])
+    optimizer = model.configure_optimizers(MUON, "cpu")
+    assert any(p is model.extra_head.weight for p in optimizer.matrices.param_groups[0]["params"])
     assert not any(p is model.extra_head.weight for g in optimizer.adamw.param_groups for p in g["params"])
 
 
@@ -68,4 +72,4 @@ def test_a_parameter_no_rule_places_is_refused_by_name():
     model = model_of(dict(arch="llama"))
     model.conv = nn.Parameter(torch.zeros(2, 2, 2))
     with pytest.raises(UserError, match="parameter conv .3-D. has no optimizer role"):
-        model.configure_optimizers(0.1, 1e-3, "cpu", "muon", 0.02)
+        model.configure_optimizers(MUON, "cpu")

@@ -20,6 +20,7 @@ from conftest import (assert_cli_error, assert_refused_before_any_work, assert_t
                       moved_from_init, random_tokens, read_log, script_cli, straight_and_resumed, write_hellaswag)
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.loss_head import chunked_cross_entropy
+from nanogpt.optimizers import OptimizerSettings
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
 # one worker under -n 2 (conftest.py): the module's fixtures are made once
@@ -162,10 +163,10 @@ def test_greedy_with_the_cache_is_greedy_recomputing(prompt):
 
 def test_the_optimizer_gives_each_kind_of_parameter_its_rate():
     model = speedrun_model().float()
-    optimizer = model.configure_optimizers(0.0, 3e-3, "cpu", "muon", 0.02, {"embed": 0.3, "head": 0.008, "scalar": 0.04},
-                                           momentum_warmup=4)
+    optimizer = model.configure_optimizers(OptimizerSettings("muon", 3e-3, 0.0, {"embed": 0.3, "head": 0.008, "scalar": 0.04},
+                                                             {"muon_lr": 0.02, "muon_momentum_warmup": 4}), "cpu")
     names = {id(p): name for name, p in model.named_parameters()}
-    muon = {names[id(p)] for g in optimizer.muon.param_groups for p in g["params"]}
+    muon = {names[id(p)] for g in optimizer.matrices.param_groups for p in g["params"]}
     assert muon == {n for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("transformer.h.")}
     width = (768 / 32) ** 0.5  # nanochat's scaling of the embeddings' and the head's rates with width
     want = {"embed": ({"transformer.wte.weight", *(n for n in names.values() if n.startswith("value_embeds."))}, 0.3 * width),
@@ -182,7 +183,7 @@ def test_the_optimizer_gives_each_kind_of_parameter_its_rate():
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         optimizer.step()
-        seen.append(optimizer.muon.param_groups[0]["momentum"])
+        seen.append(optimizer.matrices.param_groups[0]["momentum"])
     assert seen == pytest.approx([0.85, 0.875, 0.9, 0.925, 0.95, 0.95])
 
 

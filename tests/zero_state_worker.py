@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import train_gpt2  # noqa: E402
 from nanogpt.cli import run_cli
+from nanogpt.optimizers import OptimizerSettings  # noqa: E402
 from nanogpt.sharding import gathered_state_dicts, zero_redundancy  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
-    optimizer = zero_redundancy(model.configure_optimizers(0.1, 1e-3, "cpu"))
+    optimizer = zero_redundancy(model.configure_optimizers(OptimizerSettings(max_lr=1e-3, weight_decay=0.1), "cpu"))
     for step in range(2):
         g = torch.Generator().manual_seed(step)
         for p in model.parameters():
