@@ -244,8 +244,9 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     layer = 8 * C + 2 * norm + (readers * a * C if low else 8 * C) + (2 if swiglu else 1) * 2 * a * F + 4 * H
     if gpt2:  # q, k, v in one tensor; the output
         layer += 4 * a * C
-    else:  # q and k rotated, v, the output; QK-norm's fp32 q and k and its rstd, and a contiguous copy of the output
-        layer += 4 * a * C + (4 * (C + kv) + 4 * (H + kv_heads) + a * C if config.qk_norm else 0)
+    else:  # q and k rotated, v, the output; QK-norm's fp32 q and k (llama's gain: and x * rstd) and its rstd, and a
+        # contiguous copy of the output
+        layer += 4 * a * C + (4 * (C + kv) * (2 if gain else 1) + 4 * (H + kv_heads) + a * C if config.qk_norm else 0)
     rotary = 0 if gpt2 else 4 * a * T * D  # each block's cos and sin for q and k (no batch dimension)
     value_embed = 4 * kv + 2 * a * kv_heads + (12 * a if low else 0)  # a value embedding and its gate
     n_value_embeds = (L + 1) // 2 if config.value_embeds else 0  # nanogpt.layers.value_embed_layers: every other

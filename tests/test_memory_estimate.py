@@ -73,6 +73,31 @@ def test_a_new_matrix_counts_in_the_estimate_without_an_edit():
             assert all(grown[k] in ((8 + state) * n, (8 + state + copy) * n) for k in grown), (optimizer, dtype)
 
 
+# A shape where the blocks' activations, not the loss head, are most of the peak (a vocabulary of 256: logits ~40%
+# of it at 512 tokens, the blocks' activations ~35%): what each model option makes its layers keep shows here.
+BLOCKS_SHAPE = "--n_layer 2 --n_embd 64 --n_head 2 --seq_len 128 --batch_size 4 --vocab_size 256"
+MODEL_OPTIONS = ["--recipe gpt2", "--recipe modern", "--recipe speedrun", "--recipe gpt2 --mlp_act swiglu",
+                 "--recipe gpt2 --mlp_act relu2", "--recipe gpt2 --logit_softcap 15", "--recipe gpt2 --zero_init",
+                 "--recipe modern --mlp_act relu2", "--recipe modern --mlp_act gelu", "--recipe modern --tie_embeddings",
+                 "--recipe modern --n_kv_head 1", "--recipe modern --qk_norm", "--recipe modern --logit_softcap 15",
+                 "--recipe speedrun --no_x0_mix", "--recipe speedrun --no_value_embeds", "--recipe speedrun --no_unet_skips",
+                 "--recipe speedrun --logit_softcap 0", "--recipe speedrun --mlp_act swiglu", "--recipe speedrun --no_qk_norm",
+                 "--recipe speedrun --n_layer 3"]
+
+
+@pytest.mark.parametrize("options, dtype", [
+    pytest.param(o, d, marks=() if (o, d) in {("--recipe modern --qk_norm", "bf16"), ("--recipe gpt2", "fp32")}
+                 else pytest.mark.slow)
+    for o in MODEL_OPTIONS for d in (("fp32", "bf16") if o.count("--") == 1 else ("bf16",))])
+def test_the_estimate_follows_each_model_option_where_the_blocks_dominate(memory_table, options, dtype):
+    argv = f"{BLOCKS_SHAPE} {options} --dtype {dtype}".split()
+    measured = memory_table.measure(argv)["allocated"]
+    estimate = memory_table.formula(*memory_table.model_and_flags(argv))
+    assert within_tolerance(estimate, measured), (
+        f"estimate {estimate} against a measured peak of {measured}: what this model's layers keep for backward is "
+        "described in nanogpt/arguments.py's peak_bytes_by_moment")
+
+
 def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):
     """With memory between the measured peaks of the plain loss head and the chunked one (CPU, fp32: what the
     refusal sees), check_memory lets the chunked run start and refuses the plain one."""
