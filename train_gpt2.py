@@ -45,9 +45,8 @@ from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
-from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile, counted_flops_per_token,
-                             peak_flops,
-                             pick_device, pick_dtype)
+from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile,
+                             counted_flops_per_token, peak_flops, pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy

@@ -94,8 +94,9 @@ def check_args(args, run_presets):
 
     entry = MATRIX_OPTIMIZERS[args.optimizer]
     if not entry.shardable and (args.zero or args.fsdp):
-        raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {'--fsdp' if args.fsdp else '--zero 1'}:"
-                        " it updates each whole weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer class; "
+        sharding = "--fsdp" if args.fsdp else "--zero 1"
+        raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {sharding}: it updates each whole "
+                        "weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer class; "
                         "drop the flag, or use --optimizer adamw")
     for name, other in MATRIX_OPTIMIZERS.items():
         for flag in other.flags:
@@ -211,7 +212,8 @@ def counted_parameters(model):
 def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
                          device_type="cpu"):
     """The bytes of the tensors alive at each moment of a training step where its peak can be, for a model of
-    config's shape whose parameters params counts (ParameterCounts), a micro-batch of B x T tokens, run eagerly (no torch.compile) as
+    config's shape whose parameters params counts (ParameterCounts), a micro-batch of B x T tokens, run eagerly (no
+    torch.compile) as
     train_gpt2.py's loop runs it, in a micro-step after the first of a step after the first (so the gradients of
     the micro-steps before and the optimizer's state exist). docs/speed.md ("Memory") has the tensors and the
     check against measurements (bench/memory_table.py)."""

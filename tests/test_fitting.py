@@ -51,7 +51,8 @@ def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing(kind):
     torch.distributed would refuse."""
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
-    optimizer = model.configure_optimizers(OptimizerSettings(kind, 1e-3, 0.1, flags={"muon_lr": 0.02}), "cpu", process_group=object())
+    settings = OptimizerSettings(kind, 1e-3, 0.1, flags={"muon_lr": 0.02})
+    optimizer = model.configure_optimizers(settings, "cpu", process_group=object())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     held, forward = [], model.forward
 

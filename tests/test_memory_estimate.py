@@ -30,6 +30,16 @@ def within_tolerance(estimate, measured):
     return measured * (1 - TOLERANCE) <= estimate <= measured * (1 + 1e-6)
 
 
+def assert_estimate_is_the_measured_peak(memory_table, flags):
+    argv = flags.split()
+    measured = memory_table.measure(argv)["allocated"]
+    estimate = memory_table.formula(*memory_table.model_and_flags(argv))
+    assert within_tolerance(estimate, measured), (
+        f"estimate {estimate} against a measured peak of {measured}: what a model's layers keep for backward is "
+        "described in nanogpt/arguments.py's peak_bytes_by_moment; its parameters, their gradients and optimizer "
+        "state are counted on the model (counted_parameters)")
+
+
 RECIPES = ("gpt2", "modern", "speedrun")
 OPTIONS = ("--dtype fp32", "--dtype bf16", "--dtype bf16 --recompute", "--dtype fp32 --loss_impl chunked",
            "--dtype bf16 --loss_impl chunked", "--dtype bf16 --recompute --loss_impl chunked")
@@ -39,13 +49,7 @@ QUICK = {("modern", "--dtype bf16 --recompute"), ("speedrun", "--dtype bf16 --lo
 @pytest.mark.parametrize("recipe, options", [
     pytest.param(r, o, marks=() if (r, o) in QUICK else pytest.mark.slow) for r in RECIPES for o in OPTIONS])
 def test_the_estimate_is_the_measured_peak_of_a_training_steps_tensors(memory_table, recipe, options):
-    argv = f"--recipe {recipe} {SHAPE} {options}".split()
-    measured = memory_table.measure(argv)["allocated"]
-    estimate = memory_table.formula(*memory_table.model_and_flags(argv))
-    assert within_tolerance(estimate, measured), (
-        f"estimate {estimate} against a measured peak of {measured}: a model's activations (what its layers keep for "
-        "backward) are described in nanogpt/arguments.py's peak_bytes_by_moment; its parameters, their gradients "
-        "and optimizer state are counted on the model (counted_parameters)")
+    assert_estimate_is_the_measured_peak(memory_table, f"--recipe {recipe} {SHAPE} {options}")
 
 
 def test_a_new_matrix_counts_in_the_estimate_without_an_edit():
@@ -76,13 +80,12 @@ def test_a_new_matrix_counts_in_the_estimate_without_an_edit():
 # A shape where the blocks' activations, not the loss head, are most of the peak (a vocabulary of 256: logits ~40%
 # of it at 512 tokens, the blocks' activations ~35%): what each model option makes its layers keep shows here.
 BLOCKS_SHAPE = "--n_layer 2 --n_embd 64 --n_head 2 --seq_len 128 --batch_size 4 --vocab_size 256"
-MODEL_OPTIONS = ["--recipe gpt2", "--recipe modern", "--recipe speedrun", "--recipe gpt2 --mlp_act swiglu",
-                 "--recipe gpt2 --mlp_act relu2", "--recipe gpt2 --logit_softcap 15", "--recipe gpt2 --zero_init",
-                 "--recipe modern --mlp_act relu2", "--recipe modern --mlp_act gelu", "--recipe modern --tie_embeddings",
-                 "--recipe modern --n_kv_head 1", "--recipe modern --qk_norm", "--recipe modern --logit_softcap 15",
-                 "--recipe speedrun --no_x0_mix", "--recipe speedrun --no_value_embeds", "--recipe speedrun --no_unet_skips",
-                 "--recipe speedrun --logit_softcap 0", "--recipe speedrun --mlp_act swiglu", "--recipe speedrun --no_qk_norm",
-                 "--recipe speedrun --n_layer 3"]
+MODEL_OPTIONS = [f"--recipe {recipe} {option}".strip() for recipe, options in (
+    ("gpt2", ["", "--mlp_act swiglu", "--mlp_act relu2", "--logit_softcap 15", "--zero_init"]),
+    ("modern", ["", "--mlp_act relu2", "--mlp_act gelu", "--tie_embeddings", "--n_kv_head 1", "--qk_norm",
+                "--logit_softcap 15"]),
+    ("speedrun", ["", "--no_x0_mix", "--no_value_embeds", "--no_unet_skips", "--logit_softcap 0", "--mlp_act swiglu",
+                  "--no_qk_norm", "--n_layer 3"])) for option in options]
 
 
 @pytest.mark.parametrize("options, dtype", [
@@ -90,12 +93,7 @@ MODEL_OPTIONS = ["--recipe gpt2", "--recipe modern", "--recipe speedrun", "--rec
                  else pytest.mark.slow)
     for o in MODEL_OPTIONS for d in (("fp32", "bf16") if o.count("--") == 1 else ("bf16",))])
 def test_the_estimate_follows_each_model_option_where_the_blocks_dominate(memory_table, options, dtype):
-    argv = f"{BLOCKS_SHAPE} {options} --dtype {dtype}".split()
-    measured = memory_table.measure(argv)["allocated"]
-    estimate = memory_table.formula(*memory_table.model_and_flags(argv))
-    assert within_tolerance(estimate, measured), (
-        f"estimate {estimate} against a measured peak of {measured}: what this model's layers keep for backward is "
-        "described in nanogpt/arguments.py's peak_bytes_by_moment")
+    assert_estimate_is_the_measured_peak(memory_table, f"{BLOCKS_SHAPE} {options} --dtype {dtype}")
 
 
 def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):

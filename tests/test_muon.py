@@ -213,7 +213,8 @@ def test_a_non_finite_step_is_skipped_by_muon_and_adamw_together(fused):
         else:
             reference.step()
             assert all(torch.equal(p, q) for p, q in zip([*params, bias], [*plain, plain_bias]))
-    assert all(torch.equal(a, b) for a, b in zip(buffers(optimizer.matrices, params), buffers(reference.matrices, plain)))
+    assert all(torch.equal(a, b)
+               for a, b in zip(buffers(optimizer.matrices, params), buffers(reference.matrices, plain)))
 
 
 def ops_of_a_step(optimizer_class, n_same_shape):

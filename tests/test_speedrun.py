@@ -163,8 +163,9 @@ def test_greedy_with_the_cache_is_greedy_recomputing(prompt):
 
 def test_the_optimizer_gives_each_kind_of_parameter_its_rate():
     model = speedrun_model().float()
-    optimizer = model.configure_optimizers(OptimizerSettings("muon", 3e-3, 0.0, {"embed": 0.3, "head": 0.008, "scalar": 0.04},
-                                                             {"muon_lr": 0.02, "muon_momentum_warmup": 4}), "cpu")
+    settings = OptimizerSettings("muon", 3e-3, 0.0, {"embed": 0.3, "head": 0.008, "scalar": 0.04},
+                                 {"muon_lr": 0.02, "muon_momentum_warmup": 4})
+    optimizer = model.configure_optimizers(settings, "cpu")
     names = {id(p): name for name, p in model.named_parameters()}
     muon = {names[id(p)] for g in optimizer.matrices.param_groups for p in g["params"]}
     assert muon == {n for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("transformer.h.")}
