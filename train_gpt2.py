@@ -902,7 +902,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             norm = clip_grad_norm(raw_model, args.grad_clip)
             lr = lr_schedule(step)
             for param_group in optimizer.param_groups:
-                param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # Muon's: --muon_lr / --max_lr
+                param_group["lr"] = lr * param_group.get("lr_scale", 1.0)  # the matrices': their rate / --max_lr
             # a non-finite loss or gradient skips the update; decided on the device where the optimizer can, so the
             # CPU queues the update without waiting for the backward to end
             finite = step_if_finite(optimizer, scaler, loss_accum, norm)
@@ -929,7 +929,7 @@ class TrainingSetup:
     model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
     eval_model: nn.Module = None  # compiled apart, not wrapped: validation, HellaSwag and CORE run on every rank alone
     raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
-    optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or Muon beside it (nanogpt.optimizers)
+    optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or the matrices' optimizer beside it (MatricesWithAdamW)
     scaler: torch.amp.GradScaler = None
     train_loader: object = None  # a DataLoaderLite, or the shuffled one
     val_loader: object = None  # None when --eval_every is 0

@@ -166,7 +166,7 @@ class Run:
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
-        others = rates_beside(self.optimizer)  # Muon's, beside AdamW's lr
+        others = rates_beside(self.optimizer)  # the matrices' optimizer's (Muon's), beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
