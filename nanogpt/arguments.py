@@ -95,8 +95,9 @@ def check_args(args, run_presets):
     entry = MATRIX_OPTIMIZERS[args.optimizer]
     if not entry.shardable and (args.zero or args.fsdp):
         sharding = "--fsdp" if args.fsdp else "--zero 1"
-        raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {sharding}: it updates each whole "
-                        "weight matrix (FSDP splits them) and ZeRO-1 shards one optimizer class; "
+        raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {sharding}: ZeRO-1 shards one "
+                        "optimizer class and FSDP splits the matrices, which its entry in MATRIX_OPTIMIZERS does not "
+                        "allow; "
                         "drop the flag, or use --optimizer adamw")
     for name, other in MATRIX_OPTIMIZERS.items():
         for flag in other.flags:
