@@ -117,11 +117,11 @@ def measure(argv, fake=False):
         autocast = autocast_context("cpu", args.dtype)
         with tracker:
             for _step in range(STEPS):
-                for _micro_step in range(MICRO_STEPS):  # as train_gpt2.py's loop, whose `_` holds the logits
+                for _micro_step in range(MICRO_STEPS):  # as train_gpt2.py's loop: its objective, batch_loss
                     x = torch.zeros((B, T), dtype=torch.long)
                     y = torch.zeros((B, T), dtype=torch.long)
                     with autocast:
-                        _, loss = model(x, y)
+                        loss, _ = train_gpt2.batch_loss(model, x, y)
                     loss = loss / MICRO_STEPS
                     loss.backward()
                     tracker.reset_mod_stats()  # (it keeps per-module statistics of one forward and backward)

@@ -263,19 +263,20 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     final = 4 * C + norm  # the last norm's input and statistics
     head_input = a * C if loss_impl == "plain" else 8 * C + (2 * C if low else 0)  # chunked: fp32, its gradient, a cast
     trunk = BT * (tokens + kept + final + head_input) + (0 if recompute else L * rotary)
-    logits = a * V  # the loop's `_, loss = model(x, y)` holds forward's logits until the next micro-step's
+    logits = a * V  # (batch_loss drops the logits as it returns: only what backward saves of them stays)
     moments = {}
     if loss_impl == "plain":
-        # cross-entropy's fp32 log-softmax (kept), then in backward the gradients of it and of its input, in fp32
+        # cross-entropy's fp32 log-softmax (kept; and the softcap's tanh), then in backward the gradients of it and
+        # of its input, in fp32
         moments["head backward"] = static + head_weight + (0 if recompute else saved_weights) + trunk + BT * (
-            logits * (1 + cap) + 12 * V)
+            logits * cap + 12 * V)
         # after the head's backward: its weight's gradient (and its fp32 cast under autocast) and its input's
-        moments["head weight gradient"] = static + (0 if recompute else saved_weights) + trunk + BT * (
-            logits + a * C) + V * C * (a + (4 if low else 0))
-        # the end of forward: the logits of the micro-step before still held, an fp32 copy of the new ones under
-        # autocast, and the final norm's fp32 output
+        moments["head weight gradient"] = static + (0 if recompute else saved_weights) + trunk + BT * a * C + (
+            V * C * (a + (4 if low else 0)))
+        # the end of forward: the logits (and the softcap's tanh), an fp32 copy of them under autocast, and the
+        # final norm's fp32 output
         moments["head forward"] = static + head_weight + cast_weights + trunk + BT * (
-            logits * (2 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
+            logits * (1 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
     else:
         # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast, with an
         # fp32 sum of the weight's gradient and the weight's cast; at the peak, the next chunk's logits made while the
@@ -290,20 +291,19 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
         logsumexp = (4 * (1 + cap) + 4) * rows * V + ((2 if low else 4) * rows * V if more else 0)
         moments["chunked head"] = static + cast_weights + trunk + weight + max(
             loop, logsumexp, chunk + 8 * rows * C, chunk + (6 if low else 4) * V * C)
-    held = logits if loss_impl == "plain" else 0
     # the end of backward: the embedding's gradient (a tied head's has waited for it, and their sum)
-    moments["embedding gradient"] = static + BT * (16 + held) + 4 * V * C * (3 if config.tie_embeddings else 1)
+    moments["embedding gradient"] = static + BT * 16 + 4 * V * C * (3 if config.tie_embeddings else 1)
     if device_type != "cuda":  # (CUDA's AdamW is fused) AdamW's update of the embedding: two temporaries its size,
         # and the last of those of the tensor before it when that is one of (V, C) too: an untied head, value embeddings
         before = kv if config.value_embeds else C if not config.tie_embeddings else 0
-        moments["optimizer step"] = static + BT * (16 + held) + 8 * V * C + 4 * V * before
+        moments["optimizer step"] = static + BT * 16 + 8 * V * C + 4 * V * before
     if recompute:
         # the last block recomputed in backward: its activations (its input counted again, as the gradient of its
         # output) and the gradient of its MLP's hidden activations (SwiGLU's: both), beside every block's input; a
         # tied head's gradient waits for the embedding's until the end of backward. (What else its backward makes at
         # once depends on the order of the operations: this one is a low estimate.)
         moments["block backward"] = static + (saved_weights // L) + (4 * V * C if config.tie_embeddings else 0) + (
-            rotary + BT * (tokens + kept + held * (1 + cap) + layer + (2 if swiglu else 1) * a * F
+            rotary + BT * (tokens + kept + layer + (2 if swiglu else 1) * a * F
                            + (value_embed if n_value_embeds else 0)))
     return moments
 

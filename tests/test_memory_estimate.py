@@ -97,23 +97,23 @@ def test_the_estimate_follows_each_model_option_where_the_blocks_dominate(memory
 
 
 def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):
-    """With memory between the measured peaks of the plain loss head and the chunked one (CPU, fp32: what the
-    refusal sees), check_memory lets the chunked run start and refuses the plain one."""
+    """With memory between the measured peaks of micro-batches 2 and 4 (CPU, fp32: what the refusal sees),
+    check_memory lets the run of 2 start and refuses the run of 4."""
     import train_gpt2
 
     peaks = {}
-    for loss_impl in ("plain", "chunked"):
-        argv = f"--recipe gpt2 {SHAPE} --dtype fp32 --loss_impl {loss_impl}".split()
-        peaks[loss_impl] = memory_table.measure(argv)["allocated"]
-        assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), peaks[loss_impl])
-    assert peaks["chunked"] < peaks["plain"]
-    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: (peaks["chunked"] + peaks["plain"]) // 2)
-    for loss_impl in ("plain", "chunked"):
-        args = train_gpt2.parse_args(f"--recipe gpt2 {SHAPE} --loss_impl {loss_impl}".split())
+    for batch_size in (2, 4):
+        argv = f"--recipe gpt2 {SHAPE} --dtype fp32 --batch_size {batch_size}".split()
+        peaks[batch_size] = memory_table.measure(argv)["allocated"]
+        assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), peaks[batch_size])
+    assert peaks[2] < peaks[4]
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: (peaks[2] + peaks[4]) // 2)
+    for batch_size in (2, 4):
+        args = train_gpt2.parse_args(f"--recipe gpt2 {SHAPE} --batch_size {batch_size}".split())
         config = train_gpt2.model_config(args)
         with torch.device("meta"):
             params = arguments.counted_parameters(train_gpt2.make_gpt(config))
-        if loss_impl == "plain":
+        if batch_size == 4:
             with pytest.raises(UserError, match="needs at least"):
                 arguments.check_memory(config, params, args, "fp32", "cpu", 1)
         else:
