@@ -174,7 +174,6 @@ RECIPES = {
                      embed_lr=0.3, head_lr=0.008, scalar_lr=0.04, weight_decay=0.0, grad_clip=0.0, warmup_steps=40,
                      lr_schedule="wsd", warmdown_frac=0.4, min_lr_frac=0.05),
 }
-MUON_LR = 0.02  # --muon_lr's default (docs/recipes.md)
 BATCH_SIZE = 64  # --batch_size's default, the lecture's micro-batch (on a GPU the largest auto tries)
 
 
@@ -1078,7 +1077,7 @@ def build_parser():
                         "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
     g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS),
                    help="; ".join(entry.about for entry in MATRIX_OPTIMIZERS.values()))
-    g.add_argument("--muon_lr", type=float, default=MUON_LR,
+    g.add_argument("--muon_lr", type=float, default=MATRIX_OPTIMIZERS["muon"].usual_rate,
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
     g.add_argument("--muon_momentum_warmup", type=int, default=0,
                    help="Muon's momentum climbs from 0.85 to 0.95 over its first N steps (0: 0.95 throughout)")

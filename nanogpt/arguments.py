@@ -51,8 +51,13 @@ def check_args(args, run_presets):
             raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
     if not 0 <= args.seed < 2**63:
         raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
+    from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
+
+    # the matrices' optimizers' rates (MATRIX_OPTIMIZERS), each with the words for its usual size
+    usual_rates = {entry.rate_flag: f"{entry.name}'s usual rate is ~{entry.usual_rate:g}"
+                   for entry in MATRIX_OPTIMIZERS.values() if entry.rate_flag}
     floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "warmdown_frac": (0, True), "weight_decay": (0, True),
-              "grad_clip": (0, True), "muon_lr": (0, False)}
+              "grad_clip": (0, True), **{name: (0, False) for name in usual_rates}}
     for name in ("peak_tflops", "embed_lr", "head_lr", "scalar_lr"):
         if getattr(args, name) is not None:
             floats[name] = (0, False)
@@ -71,9 +76,9 @@ def check_args(args, run_presets):
         raise UserError(f"--warmdown_frac {args.warmdown_frac} of --max_steps {args.max_steps} is "
                         f"{round(args.warmdown_frac * args.max_steps)} step(s) of warm-down: too few for the rate to go "
                         "down; give a larger --warmdown_frac, or 0 to hold the rate to the end")
-    for name in ("max_lr", "weight_decay", "muon_lr", "embed_lr", "head_lr", "scalar_lr"):  # beyond, fp32 overflows mid-run
+    for name in ("max_lr", "weight_decay", *usual_rates, "embed_lr", "head_lr", "scalar_lr"):  # beyond, fp32 overflows
         if (getattr(args, name) or 0) > LARGEST_RATE:
-            usual = "Muon's usual rate is ~0.02" if name == "muon_lr" else "AdamW's usual range is ~1e-3"
+            usual = usual_rates.get(name, "AdamW's usual range is ~1e-3")
             raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
     for name in ("data_dir", "log_dir", "hellaswag_data", "core_bundle", "tensorboard", "tensorboard_run", "wandb",
                  "wandb_id"):
@@ -90,8 +95,6 @@ def check_args(args, run_presets):
             by = f" (--model {args.model} turns it off)" if preset else ""
             raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
                             f"give --{switch} {value} too, or drop --{name}")
-    from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
-
     entry = MATRIX_OPTIMIZERS[args.optimizer]
     if not entry.shardable and (args.zero or args.fsdp):
         sharding = "--fsdp" if args.fsdp else "--zero 1"

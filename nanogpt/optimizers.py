@@ -78,8 +78,10 @@ class MatrixOptimizer:
     """An entry of MATRIX_OPTIMIZERS: the optimizer of the weight matrices (parameters_by_role's "matrix"); AdamW
     takes the rest."""
     make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's
+    name: str = "AdamW"  # in messages
     rate_flag: str = None  # the flag (one of flags) of the matrices' peak rate, which the schedule scales as it
     # scales --max_lr; None: --max_lr
+    usual_rate: float = None  # the rate_flag's usual size: its default, and in the message refusing one too large
     flags: tuple = ()  # its own flags, refused with another --optimizer ("does nothing")
     state_bytes: int = 8  # its state per parameter (fp32): the memory estimate's
     shardable: bool = True  # whether --zero 1 / --fsdp can take it (ZeRO-1 shards one class; FSDP splits matrices)
@@ -91,7 +93,8 @@ class MatrixOptimizer:
 # train_gpt2.build_parser(); checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
 MATRIX_OPTIMIZERS = {
     "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter"),
-    "muon": MatrixOptimizer(make_muon, "muon_lr", ("muon_lr", "muon_momentum_warmup"), state_bytes=4,
+    # Muon's usual rate 0.02: docs/recipes.md
+    "muon": MatrixOptimizer(make_muon, "Muon", "muon_lr", 0.02, ("muon_lr", "muon_momentum_warmup"), state_bytes=4,
                             shardable=False, fp16=False,
                             about="muon: Muon (torch.optim.Muon's update, batched over same-shape matrices) on the "
                                   "weight matrices, AdamW (at --max_lr) on the embeddings, the head and the 1-D "

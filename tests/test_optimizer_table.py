@@ -22,7 +22,7 @@ def make_sgd(groups, rate, settings, process_group):
     return torch.optim.SGD(groups, lr=rate, momentum=0.9), None
 
 
-SGD = MatrixOptimizer(make_sgd, state_bytes=4, shardable=False, fp16=False, about="sgd: SGD with momentum")
+SGD = MatrixOptimizer(make_sgd, "SGD", state_bytes=4, shardable=False, fp16=False, about="sgd: SGD with momentum")
 
 
 @pytest.fixture
