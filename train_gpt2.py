@@ -928,7 +928,7 @@ class TrainingSetup:
     model: nn.Module = None  # the one to train: compiled, and wrapped by DDP (FSDP: sharded in place)
     eval_model: nn.Module = None  # compiled apart, not wrapped: validation, HellaSwag and CORE run on every rank alone
     raw_model: nn.Module = None  # the GPT itself: its weights, clipping, samples
-    optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or the matrices' optimizer beside it (MatricesWithAdamW)
+    optimizer: object = None  # torch's AdamW (ZeRO-1: sharded), or the matrices' optimizer beside it
     scaler: torch.amp.GradScaler = None
     train_loader: object = None  # a DataLoaderLite, or the shuffled one
     val_loader: object = None  # None when --eval_every is 0

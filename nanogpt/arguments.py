@@ -100,8 +100,7 @@ def check_args(args, run_presets):
         sharding = "--fsdp" if args.fsdp else "--zero 1"
         raise UserError(f"--optimizer {args.optimizer} trains with DDP only, not {sharding}: ZeRO-1 shards one "
                         "optimizer class and FSDP splits the matrices, which its entry in MATRIX_OPTIMIZERS does not "
-                        "allow; "
-                        "drop the flag, or use --optimizer adamw")
+                        "allow; drop the flag, or use --optimizer adamw")
     for name, other in MATRIX_OPTIMIZERS.items():
         for flag in other.flags:
             if flag in args.explicit and flag not in entry.flags:
@@ -217,10 +216,9 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
                          device_type="cpu"):
     """The bytes of the tensors alive at each moment of a training step where its peak can be, for a model of
     config's shape whose parameters params counts (ParameterCounts), a micro-batch of B x T tokens, run eagerly (no
-    torch.compile) as
-    train_gpt2.py's loop runs it, in a micro-step after the first of a step after the first (so the gradients of
-    the micro-steps before and the optimizer's state exist). docs/speed.md ("Memory") has the tensors and the
-    check against measurements (bench/memory_table.py)."""
+    torch.compile) as train_gpt2.py's loop runs it, in a micro-step after the first of a step after the first (so
+    the gradients of the micro-steps before and the optimizer's state exist). docs/speed.md ("Memory") has the
+    tensors and the check against measurements (bench/memory_table.py)."""
     from nanogpt.optimizers import MATRIX_OPTIMIZERS
 
     a = 2 if dtype in ("bf16", "fp16") else 4  # bytes of an activation in the compute dtype
@@ -316,8 +314,9 @@ def estimated_bytes(config, params, B, T, dtype, optimizer="adamw", recompute=Fa
     """A low estimate of the memory one training process needs: the largest of peak_bytes_by_moment's moments,
     each a count of tensors alive at once that leaves out only small ones. Against the CPU allocator's peak through
     real steps (bench/memory_table.py, docs/speed.md "Memory": every recipe, fp32 and bf16, --recompute, --loss_impl
-    chunked, up to d12) it was 0-0.03% below, never above by more than a few bytes; up to ~10% below only where a
-    recomputed block's backward is the peak, which takes a vocabulary of a few hundred."""
+    chunked, up to d12) it was 0-0.31% below, never above by more than a few bytes; where a vocabulary of a few
+    hundred makes the blocks most of the peak, --recompute is from 13% below to 0.3% above and --loss_impl chunked
+    in bf16 up to 3% below."""
     return max(peak_bytes_by_moment(config, params, B, T, dtype, optimizer, recompute, loss_impl,
                                     device_type).values())
 

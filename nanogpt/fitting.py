@@ -114,9 +114,9 @@ def update_count(state):
 
 def update_count_now(optimizer):
     """AdamW's count of updates (its "step") as it is before an optimizer step, or None (no state yet, or another
-    optimizer beside AdamW: Muon keeps no count), copied without waiting for the device: one parameter's, since between steps every
-    parameter's count is the same (each step updates them all, or skips them all). What weights_untouched compares
-    a failed step with; a few operations a step, whatever the model's size."""
+    optimizer beside AdamW: Muon keeps no count), copied without waiting for the device: one parameter's, since
+    between steps every parameter's count is the same (each step updates them all, or skips them all). What
+    weights_untouched compares a failed step with; a few operations a step, whatever the model's size."""
     optimizers = local_optimizers(optimizer)
     if not all(isinstance(opt, torch.optim.Adam) for opt in optimizers):  # (AdamW is one) another keeps no count
         return None
