@@ -6,7 +6,9 @@ training step that changes nothing, and takes the first that fits on every proce
 memory later is run again from its start at half the micro-batch.
 """
 
+import collections
 import contextlib
+import copy
 import functools
 import gc
 
@@ -148,42 +150,46 @@ def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast,
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
     second forward and backward with that state and the gradients held, as every later micro-step of a run has
-    them; the tokens are zeros (no random draw, no data read), and the state is dropped again (the trial runs
-    before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
-    gradient buckets). loss_of: the loop's objective (train_gpt2.batch_loss). Raises what the step raises: an
-    out-of-memory among others."""
+    them; the tokens are zeros (no random draw, no data read). Every optimizer's state and its groups' settings
+    (counters an optimizer keeps there too) are put back as they were. reserve_bytes: memory held besides.
+    loss_of: the loop's objective (train_gpt2.batch_loss). model: the training module (under DDP its wrapper,
+    whose gradients are not synchronised here). Raises what the step raises: an out-of-memory among others."""
     reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
+    optimizers = local_optimizers(optimizer)
+    kept = [(copy.deepcopy(opt.state_dict()["param_groups"]), dict(opt.state)) for opt in optimizers]
     model.train()  # the graph training runs (a loaded model comes in eval mode)
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
         forward_backward(model, loss_of, x, autocast)
-        for opt in local_optimizers(optimizer):
-            rates = [group["lr"] for group in opt.param_groups]
+        for opt in optimizers:
+            opt.state = collections.defaultdict(dict)  # the step makes its own; the kept one is not touched
             for group in opt.param_groups:
                 group["lr"] = 0.0
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.zero_()
-            try:
-                with getattr(opt, "alone", contextlib.nullcontext)():  # no collective (Muon's: see alone)
-                    opt.step()
-            finally:
-                for group, rate in zip(opt.param_groups, rates):
-                    group["lr"] = rate
+            with getattr(opt, "alone", contextlib.nullcontext)():  # no collective (Muon's: see alone)
+                opt.step()
         forward_backward(model, loss_of, x, autocast)  # a real step's peak: its optimizer state and gradients held
     finally:
         del reserve
-        for opt in local_optimizers(optimizer):
-            opt.state.clear()
+        for opt, (settings, state) in zip(optimizers, kept):
+            for group, setting in zip(opt.param_groups, settings):
+                params = group["params"]
+                group.clear()
+                group.update(setting, params=params)
+            opt.state = collections.defaultdict(dict, state)
         optimizer.zero_grad(set_to_none=True)
 
 
 def forward_backward(model, loss_of, x, autocast):
     # targets apart from the inputs, as the loop's are: torch.compile guards on the two being one tensor, and would
-    # compile a graph for the trial that training never uses
-    with autocast:
-        loss, _ = loss_of(model, x, torch.zeros_like(x))
-    loss.backward()
+    # compile a graph for the trial that training never uses. Under DDP through its wrapper (so that Dynamo splits
+    # the graph at the gradient buckets as training's is), but without its all-reduce: ranks try on their own
+    with getattr(model, "no_sync", contextlib.nullcontext)():
+        with autocast:
+            loss, _ = loss_of(model, x, torch.zeros_like(x))
+        loss.backward()
 
 
 def release_memory(device_type):

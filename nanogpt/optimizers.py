@@ -37,19 +37,26 @@ class MatricesWithAdamW:
         return {**self.matrices.state, **self.adamw.state}
 
     def step(self):
+        found_inf = getattr(self.matrices, "found_inf", None)  # step_if_finite's skip decided on the device, or None
         if self.before_step:
             self.before_step(self.matrices, self.steps)
         self.matrices.step()
         self.adamw.step()
-        self.steps += 1
+        if found_inf is None:
+            self.steps += 1
+        else:  # a skipped step is not counted, without the host reading the verdict: the count stays on the device
+            self.steps = (1 - found_inf.to(count_dtype(found_inf.device))) + self.steps
 
     def zero_grad(self, set_to_none=True):
         self.matrices.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
-        steps = {"steps": self.steps} if self.before_step else {}  # a run without a schedule: as it always was
-        return {self.name: self.matrices.state_dict(), "adamw": self.adamw.state_dict(), **steps}
+        matrices = self.matrices.state_dict()
+        for group in matrices["param_groups"]:  # a schedule's value computed on the device: saved as a number
+            group.update({k: v.item() for k, v in group.items() if torch.is_tensor(v) and v.dim() == 0})
+        steps = {"steps": int(self.steps)} if self.before_step else {}  # a run without a schedule: as it always was
+        return {self.name: matrices, "adamw": self.adamw.state_dict(), **steps}
 
     def load_state_dict(self, state):
         self.matrices.load_state_dict(state[self.name])
@@ -57,11 +64,20 @@ class MatricesWithAdamW:
         self.steps = state.get("steps", 0)
 
 
+def count_dtype(device):
+    """The dtype of a count of steps kept on the device: float64 (exact, and its arithmetic the host's), float32 where
+    the device has no float64 (mps; exact up to 2**24 steps)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 def muon_momentum_warmup(warmup, muon, steps):
-    """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]."""
+    """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]. steps: the
+    steps taken, a number or (where a skip is decided on the device) a 0-d tensor there, which gives the momentum as
+    one: the same arithmetic in float64, with no wait for the device."""
     low, high = MUON_MOMENTUM
+    climbed = (steps / warmup).clamp(max=1.0) if torch.is_tensor(steps) else min(steps / warmup, 1.0)
     for group in muon.param_groups:
-        group["momentum"] = low + (high - low) * min(steps / warmup, 1.0)
+        group["momentum"] = low + (high - low) * climbed
 
 
 def make_muon(groups, rate, settings, process_group):
@@ -214,12 +230,16 @@ def step_if_finite(optimizer, scaler, loss, norm):
     optimizer state, its step count). Returns that verdict, a bool tensor on the device. Where every optimizer of
     this process takes a found_inf flag it is decided on the device, so the host queues the optimizer's work
     without waiting for the backward to end; elsewhere (the CPU's foreach AdamW, where waiting costs nothing) the
-    host reads it. fp16: the loss scaler skips an overflow of the gradients itself; the loss is read here."""
+    host reads it. fp16: the loss scaler skips an overflow of the gradients itself; the loss is read here, and a
+    non-finite one skips the step as an overflow does, the scale lowered (the scaler's step is over either way:
+    the next unscale_ would otherwise find this one's)."""
     if scaler.is_enabled():
         finite = torch.isfinite(loss)
         if bool(finite):
             scaler.step(optimizer)
             scaler.update()
+        else:
+            scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
         return finite
     finite = torch.isfinite(loss) & torch.isfinite(norm)
     local = local_optimizers(optimizer)

@@ -69,6 +69,35 @@ def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing(kind):
     assert not optimizer.state and all(p.grad is None for p in model.parameters())
 
 
+class CountingSGD(torch.optim.SGD):
+    """An optimizer that keeps a counter and a running sum in its groups and a state of its own per parameter, as
+    schedule-free AdamW and Adafactor-like optimizers do; its step changes them even at a rate of 0."""
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            group["k"] = group.get("k", 0) + 1
+            group["weight_sum"] = group.get("weight_sum", 0.0) + 0.5
+            for p in group["params"]:
+                self.state[p]["seen"] = self.state[p].get("seen", torch.zeros(())) + 1
+        return super().step(closure)
+
+
+def test_the_trial_puts_back_every_group_setting_and_all_optimizer_state():
+    """What the trial's optimizer step makes or changes, in the groups and in the state, is put back as it was:
+    a counter, a running sum, a state made by the step, and a state there before (a resumed optimizer's)."""
+    torch.manual_seed(0)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    optimizer = CountingSGD([{"params": [p for p in model.parameters() if p.dim() == 2], "k": 7},
+                             {"params": [p for p in model.parameters() if p.dim() < 2]}], lr=0.1, momentum=0.9)
+    kept = model.lm_head.weight
+    optimizer.state[kept]["seen"] = torch.tensor(3.0)
+    before = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    trial_step(model, optimizer, train_gpt2.batch_loss, batch_size=2, seq_len=8, device="cpu",
+               autocast=torch.autocast("cpu", enabled=False))
+    assert [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups] == before
+    assert list(optimizer.state) == [kept] and dict(optimizer.state[kept]) == {"seen": torch.tensor(3.0)}
+
+
 def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monkeypatch, capsys):
     data = make_shards(str(tmp_path / "data"))
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
