@@ -35,7 +35,8 @@ from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_c
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_ramp, batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees,
-                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, trial_step)
+                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, smallest_of_every_rank,
+                             trial_step)
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
@@ -955,7 +956,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
         preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
         args.batch_size, skipped = largest_batch_size(args, preset, config, params, dtype, device_type, world_size,
-                                                      local_world_size)
+                                                      local_world_size, smallest=smallest_of_every_rank(ddp, device))
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
@@ -987,6 +988,10 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
     # training's one graph, of static shapes; the evaluations (on every rank alone, without DDP) get their own
     model = raw_model if fsdp or not use_compile else torch.compile(raw_model, dynamic=False)
+    if ddp and not fsdp:  # before the trial compiles it, so that Dynamo splits the graph at DDP's gradient buckets
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     eval_model = evaluation_model(raw_model, use_compile and not fsdp)
     split = functools.partial(describe_split, seq_len=args.seq_len, world_size=world_size,
                               total_batch_size=args.total_batch_size)
@@ -994,9 +999,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         run.say(f"--batch_size auto: micro-batch {args.batch_size}, the largest the memory formula fits, untried under "
                 f"--fsdp: {split(args.batch_size)}")
     if fit and not fsdp:
-        reserve = 4 * params.total if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
         trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
-                                  autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
+                                  autocast=autocast_context(device_type, dtype))  # (DDP's buckets: already held)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
                                          run.say, split, skipped)
@@ -1006,10 +1010,6 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     train_loader, val_loader = make_loaders(args, rank, world_size, run.warn, val_rows)
     start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
         ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
-    if ddp and not fsdp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
     score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None

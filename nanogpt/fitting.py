@@ -41,13 +41,15 @@ def fits_by_trial(args, ckpt, device_type):
 
 
 def largest_batch_size(args, preset_batch_size, config, params, dtype, device_type, world_size, local_world_size,
-                       free_gpu_bytes=None):
+                       free_gpu_bytes=None, smallest=int):
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
     out-of-memory the kernel answers by killing the process, the largest whose estimated memory
     (arguments.run_estimated_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
     collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
-    sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
+    sharded, fits the GPU's free memory (free_gpu_bytes: its measure). Each process measures its own memory, so the
+    processes agree on the smallest of their picks (smallest: smallest_of_every_rank's), which every one then tries
+    first: ranks running different numbers of micro-steps would hang in their collectives."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     estimate = functools.partial(arguments.run_estimated_bytes, config, params, args, dtype=dtype,
@@ -61,12 +63,24 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
 
         def fits(b):
             return arguments.fits_on_gpu(estimate(b, shards=world_size), free)
-    skipped = []
     if fits is not None:
-        kept = [b for b in candidates if fits(b)] or candidates[-1:]
-        skipped = [b for b in candidates if b > kept[0]] if kept else []
-        candidates = kept
-    return (candidates[0] if candidates else 1), skipped  # none: the share is not whole rows (check_batch_split)
+        candidates = [b for b in candidates if fits(b)] or candidates[-1:]
+    first = smallest(candidates[0] if candidates else 1)  # none: the share is not whole rows (check_batch_split)
+    return first, [b for b in candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap) if b > first]
+
+
+def smallest_of_every_rank(ddp, device):
+    """smallest(n) for largest_batch_size: the smallest n of every process (an all-reduce of the minimum)."""
+    if not ddp:
+        return int
+
+    def smallest(n):
+        import torch.distributed as dist
+
+        value = torch.tensor([n], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
+    return smallest
 
 
 def describe_split(batch_size, seq_len, world_size, total_batch_size):
@@ -146,15 +160,14 @@ def weights_untouched(optimizer, before):
     return True
 
 
-def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast, reserve_bytes=0):
+def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
     second forward and backward with that state and the gradients held, as every later micro-step of a run has
     them; the tokens are zeros (no random draw, no data read). Every optimizer's state and its groups' settings
-    (counters an optimizer keeps there too) are put back as they were. reserve_bytes: memory held besides.
-    loss_of: the loop's objective (train_gpt2.batch_loss). model: the training module (under DDP its wrapper,
-    whose gradients are not synchronised here). Raises what the step raises: an out-of-memory among others."""
-    reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
+    (counters an optimizer keeps there too) are put back as they were. loss_of: the loop's objective
+    (train_gpt2.batch_loss). model: the training module (under DDP its wrapper, whose gradients are not synchronised
+    here). Raises what the step raises: an out-of-memory among others."""
     optimizers = local_optimizers(optimizer)
     kept = [(copy.deepcopy(opt.state_dict()["param_groups"]), dict(opt.state)) for opt in optimizers]
     model.train()  # the graph training runs (a loaded model comes in eval mode)
@@ -172,7 +185,6 @@ def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast,
                 opt.step()
         forward_backward(model, loss_of, x, autocast)  # a real step's peak: its optimizer state and gradients held
     finally:
-        del reserve
         for opt, (settings, state) in zip(optimizers, kept):
             for group, setting in zip(opt.param_groups, settings):
                 params = group["params"]

@@ -224,6 +224,30 @@ def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_fre
         assert fits[0] and (b == 64 or not fits[1]), (gib, b, fits)
     assert pick(40, world_size=2) <= pick(40, world_size=8)
 
+@pytest.mark.slow
+def test_processes_that_see_different_memory_agree_on_the_smallest_micro_batch(tmp_path):
+    """torchrun, 2 gloo processes on a CPU: each picks the micro-batches to try from the memory it sees (one sees
+    plenty, the other too little for any); they agree on the smaller pick and train it together, as --fsdp's
+    formula pick must on GPUs whose free memory differs (ranks running different numbers of micro-steps hang)."""
+    from nanogpt import arguments
+
+    data = make_shards(str(tmp_path / "data"))
+    flags = [*tiny_run(data, tmp_path / "log", "auto"), "--max_steps", "2"]
+    args = train_gpt2.parse_args(flags)
+    config = train_gpt2.model_config(args)
+    with torch.device("meta"):
+        params = arguments.counted_parameters(train_gpt2.make_gpt(config))
+    # two processes of rank 1's machine: room for micro-batch 1 each, not 2 (the largest of a 2-process share is 4)
+    little = 2 * arguments.run_estimated_bytes(config, params, args, 1, "fp32", "cpu")
+    assert 2 * arguments.run_estimated_bytes(config, params, args, 2, "fp32", "cpu") > little
+    result = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         os.path.join(os.path.dirname(__file__), "torchrun_worker.py"), *flags],
+                        env={"AVAILABLE_BYTES": f"{2**40},{little}"}, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trained = sorted(line for line in result.stdout.splitlines() if "trains micro-batch" in line)
+    assert trained == ["rank 0 trains micro-batch 1", "rank 1 trains micro-batch 1"], result.stdout
+
+
 def test_the_batch_ramp_is_the_same_at_any_micro_batch(tmp_path, monkeypatch, capsys):
     """A --batch_size_warmup_tokens ramp is fixed in tokens when the run starts, in steps of the largest micro-batch
     it may take: --batch_size auto's pick (2 of the cap 8) and an out-of-memory retry at step 1 (8 -> 4) train the

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, make_shards, write_hellaswag
+from conftest import ROOT, TINY_FLAGS, make_shards, run_script, write_hellaswag
 from nanogpt.run import Run
 
 pytestmark = pytest.mark.xdist_group("gpu_ready")
@@ -100,6 +100,25 @@ def test_a_micro_batch_that_did_not_fit_leaves_training_a_static_graph(shards, t
     # the candidates that did not fit (8, 4) raise before their graph is whole; the one that fits is compiled once,
     # before any step, with static shapes, and training runs it
     assert training and all(not g["dynamic"] and g["after_step"] == 0 for g in training), recorder.graphs
+
+
+@pytest.mark.slow
+def test_under_ddp_the_micro_batch_trial_compiles_the_graph_ddp_splits(shards, tmp_path):
+    """torchrun (gloo, one process): Dynamo's DDP optimizer splits training's graph at the gradient buckets (a graph a
+    piece) with an explicit micro-batch; --batch_size auto's trial compiles the graph training then runs, so it must
+    compile it inside DDP too: the same pieces, not one unsplit graph whose all-reduce waits for the whole backward."""
+    data, _ = shards
+    flags = [f for f in TINY_FLAGS if f != "--no_compile"]
+    counts = {}
+    for batch in ("4", "auto"):
+        result = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                             os.path.join(ROOT, "tests", "torchrun_worker.py"), *flags, "--compile", "--batch_size",
+                             batch, "--data_dir", data, "--log_dir", str(tmp_path / batch), "--max_steps", "2",
+                             "--eval_every", "0", "--save_every", "0"], env={"COUNT_GRAPHS": "1"}, timeout=400)
+        assert result.returncode == 0, result.stdout + result.stderr
+        counts[batch] = int(result.stdout.split("training graphs ")[1].split()[0])
+    assert counts["4"] > 1, counts  # the tiny model's buckets split it
+    assert counts["auto"] == counts["4"], counts
 
 
 # -----------------------------------------------------------------------------
