@@ -41,7 +41,7 @@ from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
-from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
+from nanogpt.loss_head import LOSS_IMPLS, linear_loss, logits_loss
 from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_role, matrices_with_adamw,
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
@@ -69,8 +69,10 @@ class GPTConfig:
     checkpoint and held to on --resume, --init_from and export (nanogpt.config_fields): a model idea is a
     field here and its use in the classes below (docs/layout.md). None: worked out from the other fields."""
     block_size: int = option(1024, "context length", flag="seq_len")
-    vocab_size: int = option(None, "rows of the embedding and the head (default: GPT-2's 50257 tokens padded to "
-                                   f"{PADDED_VOCAB_SIZE}; llama's 50257, so no probability goes to ids never seen)")
+    vocab_size: int = option(PADDED_VOCAB_SIZE, "rows of the embedding and the head: GPT-2's 50257 tokens padded to "
+                                                "a multiple of 128 for faster matmuls")
+    mask_padding: bool = option(None, "the padded vocabulary's ids (50257 and up) get no probability: their logits are "
+                                      "-inf (default: llama and speedrun on; gpt2 off, as build-nanogpt)")
     n_layer: int = option(12, "blocks (default: the --model preset's)")
     n_head: int = option(12, "attention heads (default: the --model preset's)")
     n_embd: int = option(768, "width of the residual stream (default: the --model preset's)")
@@ -104,8 +106,8 @@ class GPTConfig:
 
     def __post_init__(self):
         gpt2, speedrun = self.arch == "gpt2", self.arch == "speedrun"
-        if self.vocab_size is None:
-            self.vocab_size = PADDED_VOCAB_SIZE if gpt2 else GPT2_VOCAB_SIZE
+        if self.mask_padding is None:
+            self.mask_padding = not gpt2
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         if self.mlp_act is None:
@@ -260,8 +262,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
-        # How forward computes the loss when given targets: "plain" materialises the logits (the
-        # reference path); "chunked" uses chunked_cross_entropy and returns (None, loss).
+        # How forward computes the loss when given targets: "plain" materialises the logits (the reference path);
+        # "chunked" and "fused" never hold them (nanogpt.loss_head) and return (None, loss).
         self.loss_impl = "plain"
         self.loss_chunk_size = None  # rows per chunk for "chunked"; None: default_loss_chunk_size
 
@@ -318,19 +320,25 @@ class GPT(nn.Module):
             return torch.utils.checkpoint.checkpoint(block, x, None, *extra, use_reentrant=False)
         return block(x, kv_cache, *extra)
 
-    def forward(self, idx, targets=None):
-        return self.head(self.hidden_states(idx), targets)
+    def forward(self, idx, targets=None, row_losses=None):
+        return self.head(self.hidden_states(idx), targets, row_losses)
 
-    def head(self, x, targets=None):
+    def head(self, x, targets=None, row_losses=None):
         """(logits, loss) of the hidden states x: the output head and, given targets, the loss (a method of its own,
-        which --fsdp compiles apart from its sharded Blocks)."""
+        which --fsdp compiles apart from its sharded Blocks). row_losses: the objective's terms, of each row's lse
+        and target logit (nanogpt.loss_head); then (logits, loss, {name: mean})."""
         if self.loss_impl not in LOSS_IMPLS:
             raise ValueError(f"loss_impl {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
-        if targets is not None and self.loss_impl == "chunked":
-            loss = chunked_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
-                                         self.loss_chunk_size, softcap=self.config.logit_softcap)
-            return None, loss
+        if targets is not None and self.loss_impl != "plain":  # the logits never held
+            loss = linear_loss(self.loss_impl, x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
+                               self.loss_chunk_size, self.config.logit_softcap,
+                               GPT2_VOCAB_SIZE if self.config.mask_padding else None, row_losses)
+            return (None, loss) if row_losses is None else (None, *loss)
         logits = self.lm_head(x)
+        if self.config.mask_padding:  # in place: the padding is a sliver of the logits
+            logits[..., GPT2_VOCAB_SIZE:] = float("-inf")
+        if targets is not None and row_losses is not None:
+            return logits, *logits_loss(logits.view(-1, logits.size(-1)), targets.view(-1), row_losses)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -953,8 +961,9 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         params = arguments.counted_parameters(make_gpt(config))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     fit = fits_by_trial(args, ckpt, device_type)
-    if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
-        preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
+    if fit:  # the largest micro-batch it may take (twice the lecture's where the logits are never held); a trial
+        # below picks the one that fits
+        preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE * (1 if args.loss_impl == "plain" else 2))
         args.batch_size, skipped = largest_batch_size(args, preset, config, params, dtype, device_type, world_size,
                                                       local_world_size, smallest=smallest_of_every_rank(ddp, device))
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
@@ -964,6 +973,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, params, args, dtype, device_type, local_world_size)
     arguments.check_optimizer_dtype(args.optimizer, dtype)
+    arguments.check_loss_impl(args.loss_impl, device_type)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
@@ -1159,9 +1169,10 @@ def build_parser():
     g.add_argument("--seed", type=int, default=1337,
                    help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
-                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); "
-                        "chunked: a linear + cross-entropy head that never holds the (batch, vocab) logits "
-                        "(less memory and traffic)")
+                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + "
+                        "cross-entropy head that never holds the (batch, vocab) logits (less memory and traffic); "
+                        "fused: the same by Liger-Kernel's Triton kernel (a CUDA GPU; pip install liger-kernel); "
+                        "without the logits --batch_size auto tries up to 128")
     g.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
                    help="AdamW's fused kernel, which also skips a non-finite step on the device without the host "
                         "waiting (default: on for CUDA; on a CPU the foreach AdamW, build-nanogpt's numbers)")

@@ -189,6 +189,15 @@ def loss_chunk_rows(vocab_size):
     return default_loss_chunk_size(vocab_size)
 
 
+def fused_chunk_rows(rows, vocab_size, width):
+    """Rows per chunk of --loss_impl fused over `rows` rows: Liger-Kernel's rule, a chunk's logits at most
+    FUSED_CHUNK_BUDGET x (rows, width) elements, in a power of two of rows."""
+    from nanogpt.loss_head import FUSED_CHUNK_BUDGET
+
+    chunks = -(-vocab_size // (FUSED_CHUNK_BUDGET * width))
+    return min(rows, 1 << (-(-rows // chunks) - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class ParameterCounts:
     """What the memory estimate reads of a model's parameters, counted on the built model (counted_parameters), so
@@ -278,6 +287,15 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
         # final norm's fp32 output
         moments["head forward"] = static + head_weight + cast_weights + trunk + BT * (
             logits * (1 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
+    elif loss_impl == "fused":
+        # Liger-Kernel's (nanogpt.loss_head.fused_cross_entropy, read off its code; not measured: its kernel runs on a
+        # GPU): (rows, V) logits per chunk in the matmuls' dtype, made their gradient in place, beside an fp32 sum of
+        # the weight's gradient, the weight's cast and the input's gradient; at the end that sum scaled in fp32
+        # (padded to the whole vocabulary first where the padding is masked)
+        rows = fused_chunk_rows(BT, V, C)
+        end = 4 * V * C * (2 if config.mask_padding and V > 50257 else 1)
+        moments["fused head"] = static + cast_weights + trunk + V * C * (4 + (2 if low else 0)) + max(
+            a * rows * V + a * BT * C, end)
     else:
         # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast, with an
         # fp32 sum of the weight's gradient and the weight's cast; at the peak, the next chunk's logits made while the
@@ -412,6 +430,15 @@ def check_optimizer_dtype(optimizer, dtype):
     if dtype == "fp16" and not MATRIX_OPTIMIZERS[optimizer].fp16:
         raise UserError(f"--optimizer {optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
+
+
+def check_loss_impl(loss_impl, device_type):
+    """--loss_impl fused where its kernel cannot run (no Liger-Kernel, or no CUDA GPU): one line naming the fix."""
+    from nanogpt.loss_head import fused_head_problem
+
+    problem = fused_head_problem(device_type) if loss_impl == "fused" else None
+    if problem:
+        raise UserError(f"--loss_impl fused {problem}")
 
 
 def check_memory(config, params, args, dtype, device_type, local_world_size):

@@ -15,6 +15,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+# Triton kernels (--loss_impl fused's, Liger-Kernel's) run on the CPU in Triton's interpreter, in this process and in
+# the scripts the tests start: the variable must be set before a kernel's module is imported (tests/test_fused_head.py)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import train_gpt2  # noqa: E402
 from nanogpt.shards import write_shard  # noqa: E402
