@@ -37,6 +37,7 @@ from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_ramp, batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees,
                              fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, smallest_of_every_rank,
                              trial_step)
+from nanogpt.float8 import convert_to_fp8
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
@@ -974,6 +975,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     arguments.check_memory(config, params, args, dtype, device_type, local_world_size)
     arguments.check_optimizer_dtype(args.optimizer, dtype)
     arguments.check_loss_impl(args.loss_impl, device_type)
+    arguments.check_fp8(args.fp8, device)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
@@ -988,6 +990,10 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         raw_model = make_gpt(config)
     raw_model.loss_impl, raw_model.recompute = args.loss_impl, args.recompute
     raw_model.to(device)
+    if args.fp8:  # (its weights stay plain parameters: the checkpoints are as without it)
+        layers = convert_to_fp8(raw_model, emulate=device_type == "cpu")
+        run.say(f"--fp8: FP8 matmuls in {len(layers)} layers (the head and the MLPs)"
+                f"{', emulated on the CPU (no speed)' if device_type == 'cpu' else ''}")
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
@@ -1173,6 +1179,9 @@ def build_parser():
                         "cross-entropy head that never holds the (batch, vocab) logits (less memory and traffic); "
                         "fused: the same by Liger-Kernel's Triton kernel (a CUDA GPU; pip install liger-kernel); "
                         "without the logits --batch_size auto tries up to 128")
+    g.add_argument("--fp8", action="store_true",
+                   help="FP8 matmuls in the output head and the MLPs (torchao's float8 training; a GPU with FP8 "
+                        "tensor cores, compute capability 8.9 or more; emulated on a CPU); checkpoints stay plain")
     g.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
                    help="AdamW's fused kernel, which also skips a non-finite step on the device without the host "
                         "waiting (default: on for CUDA; on a CPU the foreach AdamW, build-nanogpt's numbers)")

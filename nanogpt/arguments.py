@@ -441,6 +441,15 @@ def check_loss_impl(loss_impl, device_type):
         raise UserError(f"--loss_impl fused {problem}")
 
 
+def check_fp8(fp8, device):
+    """--fp8 where it cannot run (no torchao, a GPU without FP8 tensor cores): one line naming the fix."""
+    from nanogpt.float8 import fp8_problem
+
+    problem = fp8_problem(device) if fp8 else None
+    if problem:
+        raise UserError(f"--fp8 {problem}")
+
+
 def check_memory(config, params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
     Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
