@@ -63,7 +63,9 @@ class RecordingBackend:
         self.recorder, self.kind, self.settings = recorder, kind, dict(settings)
 
     def __eq__(self, other):
-        return isinstance(other, RecordingBackend) and other.recorder is self.recorder and other.settings == self.settings
+        if not isinstance(other, RecordingBackend):
+            return NotImplemented
+        return other.recorder is self.recorder and other.settings == self.settings
 
     __hash__ = None  # (as inductor's wrapper: equal, not hashed)
 
