@@ -95,7 +95,7 @@ kill_stage() {  # TERM (torchrun hands it on to its workers), KILL to what is le
 # snapshot [--partial]: summary.txt and logs.tar.gz in $OUT from the logs so far, each replaced in one rename, so that
 # whenever the call is cut short $OUT holds the rows that finished (--partial: the summary says CUT SHORT)
 snapshot() {
-  $PY bench/gpu_check_report.py "$LOGS" $EXACT "$@" > "$OUT/summary.txt.part" 2>&1
+  $PY bench/gpu_check_report.py "$LOGS" $EXACT --hellaswag_examples "$HELLASWAG_EXAMPLES" "$@" > "$OUT/summary.txt.part" 2>&1
   local rc=$?
   mv "$OUT/summary.txt.part" "$OUT/summary.txt"
   tar -czf "$OUT/logs.tar.gz.part" -C "$WORK" logs && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"

@@ -141,6 +141,32 @@ def test_the_report_fails_a_resume_that_is_not_the_straight_run(tmp_path):
     assert gpu_check_report.compare_resume(a, write_log(tmp_path / "e.txt", straight[:3]), 1).startswith("entries differ")
 
 
+def test_the_report_holds_each_kind_of_a_resumed_log_to_its_own_tolerance(tmp_path, capsys):
+    """On a GPU (no --exact) a loss may move by 1e-3; HellaSwag's acc_norm over N examples moves in steps of 1/N, so
+    one example flipped (2e-3 at 500) passes and two do not; each kind plus one unit of its last written decimal."""
+    n = 500
+    straight = [(0, "val", 10.9), (0, "hella", 0.25), (0, "train", 10.95), (1, "train", 10.5), (1, "val", 10.4),
+                (1, "hella", 0.248)]
+
+    def written(entries):  # as train_gpt2.py writes them: losses of train steps to 6 decimals, the rest to 4
+        return [(step, kind, f"{value:.6f}" if kind == "train" else f"{value:.4f}") for step, kind, value in entries]
+
+    write_log(tmp_path / "default_resume.straight_log.txt", written(straight))
+    (tmp_path / "runs.tsv").write_text("default_resume\t0\t5\n")
+
+    def report(**moved):  # the straight log with step 1's entries moved by {kind: amount}
+        resumed = [(step, kind, value + (moved.get(kind, 0.0) if step == 1 else 0.0)) for step, kind, value in straight]
+        write_log(tmp_path / "default_resume.resumed_log.txt", written(resumed))
+        rc = gpu_check_report.main([str(tmp_path), "--hellaswag_examples", str(n)])
+        return rc, capsys.readouterr().out
+
+    rc, out = report(hella=1 / n, train=0.9e-3, val=1e-3)
+    assert rc == 0 and "log reads as one run" in out, out
+    for moved in (dict(hella=2 / n), dict(train=1.5e-3), dict(val=2e-3)):
+        rc, out = report(**moved)
+        assert rc == 1 and "FAILED (resume)" in out and f"max difference of {next(iter(moved))}" in out, out
+
+
 def test_the_report_fails_a_failed_stage(tmp_path, capsys):
     (tmp_path / "runs.tsv").write_text("tests\tskipped: no CUDA\t0\ndefault\t0\t5\n")
     (tmp_path / "default.txt").write_text("summary: 3 steps | median 10.0 ms/step over the last 2 | 1,000 tok/s | "
