@@ -137,15 +137,17 @@ train() { run "$1" "$2" "$PY" train_gpt2.py --data_dir "$BENCH_DATA" $SHAPE "${@
 drop_checkpoints() { local d; for d in "$@"; do rm -f "$d"/model_*.pt; done; }  # speedrun's are ~4.4 GB each
 
 # resumed NAME LOG_DIR STEP CAP FLAGS...: LOG_DIR's run continued from its checkpoint of STEP (the later checkpoints
-# set aside), in a copy, so that the straight run's log stays to compare with; then the copy's checkpoints go
+# set aside), in a copy, so that the straight run's log stays to compare with; then the copy's checkpoints go. Only
+# after a straight run that finished (RESULT 0): a cut one's log stops early, whatever checkpoints it wrote
 resumed() {
-  local name=$1 dir=$2 step=$3 cap=$4 ckpt; shift 4
+  local name=$1 dir=$2 step=$3 cap=$4 straight=${1%_resume} ckpt; shift 4
   ckpt=$(printf '%s/model_%05d.pt' "$dir" "$step")
-  if [ ! -f "$ckpt" ]; then  # the straight run was cut short (the call is), or failed (so does this row)
-    case $RESULT in "cut short"*|"not run"*) row "$name" "not run: no checkpoint, ${name%_resume} was cut short" 0 ;;
-      *) row "$name" "no checkpoint from ${name%_resume}" 0 ;; esac
-    return
-  fi
+  case $RESULT in
+    0) [ -f "$ckpt" ] || { row "$name" "no checkpoint from $straight" 0; return; } ;;
+    "cut short"*) row "$name" "not run: $straight was cut short" 0; return ;;
+    "not run"*) row "$name" "not run: $straight did not run" 0; return ;;
+    *) row "$name" "no resume: $straight failed" 0; return ;;
+  esac
   rm -rf "$dir.resumed"; mkdir -p "$dir.resumed"
   cp "$dir/log.txt" "$ckpt" "$dir.resumed/"
   capped "$name" "$cap" "$PY" train_gpt2.py --data_dir "$BENCH_DATA" $SHAPE --log_dir "$dir.resumed" --resume "$@"

@@ -39,9 +39,14 @@ def dry_run_env(tmp_path, shards, **extra):
                 OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=ROOT, **extra)
 
 
+def table_of(summary):
+    """summary.txt from its table's header on (env's lines, when the call ran env, are above it)."""
+    return ("\n" + summary).split("\nstage ", 1)[1]
+
+
 def rows(summary):
     """{stage: its line} of summary.txt's table, in order."""
-    table = summary.split("\nstage ", 1)[1].splitlines()[1:]
+    table = table_of(summary).splitlines()[1:]
     return {line.split()[0]: line for line in table if not line.startswith("gpu check:")}
 
 
@@ -88,7 +93,7 @@ def assert_cut_short(summary, finished, cut):
     assert [n for n in table if " ok " in table[n]] == finished, summary
     assert all(" CUT SHORT " in table[n] for n in cut), summary
     assert summary.strip().splitlines()[-1].startswith("gpu check: CUT SHORT"), summary
-    assert "passed" not in summary.split("\nstage ", 1)[1]  # the table (env's commit subject above it may say it)
+    assert "passed" not in table_of(summary)  # the table (env's commit subject above it may say it)
 
 
 @pytest.mark.slow
@@ -108,7 +113,7 @@ def test_a_call_cut_short_by_a_cap_then_by_sigterm_says_so_and_ends_every_proces
     partial = (tmp_path / "out" / "summary.txt").read_text()
     assert_cut_short(partial, ["env"], ["default", "default_resume"])
     assert "cut short at its cap of 2 s" in rows(partial)["default"]
-    assert "not run: no checkpoint" in rows(partial)["default_resume"]
+    assert "not run: default was cut short" in rows(partial)["default_resume"]
     deadline = time.monotonic() + 120
     while not [cmd for _, cmd in leftovers(str(tmp_path)) if "train_gpt2.py" in cmd and "torch.distributed" not in cmd]:
         assert script.poll() is None and time.monotonic() < deadline, "".join(console)
@@ -122,6 +127,36 @@ def test_a_call_cut_short_by_a_cap_then_by_sigterm_says_so_and_ends_every_proces
     assert not leftovers(str(tmp_path))
     assert not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]
     assert sorted(os.listdir(tmp_path / "out")) == ["logs.tar.gz", "summary.txt"]
+
+
+CUT_AFTER_ITS_CHECKPOINTS = """#!/bin/bash
+# {python}, except that a straight (not resumed) --recipe modern run writes an empty checkpoint for each of its steps
+# and a log of one line, then waits for its cap: a run cut at its cap after the checkpoint its resume starts from
+if [[ " $* " == *" --recipe modern "* && " $* " != *" --resume "* ]]; then
+  while [ $# -gt 0 ]; do case $1 in --log_dir) dir=$2 ;; --max_steps) steps=$2 ;; esac; shift; done
+  mkdir -p "$dir" && echo "0 train 10.900000" > "$dir/log.txt"
+  for ((step = 0; step < steps; step++)); do : > "$(printf '%s/model_%05d.pt' "$dir" "$step")"; done
+  exec sleep 600
+fi
+exec {python} "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_straight_run_cut_after_its_checkpoint_leaves_its_resume_not_run(shards, tmp_path):
+    """A straight row cut at its cap has a partial log, whatever checkpoints it wrote: its resume row does not run
+    (it would compare the resumed log with a cut one: a false FAILED), and says why."""
+    python = tmp_path / "python"
+    python.write_text(CUT_AFTER_ITS_CHECKPOINTS.format(python=sys.executable))
+    python.chmod(0o755)
+    env = dict(dry_run_env(tmp_path, shards, STAGES="modern", CAP_modern="5"), PY=str(python))
+    result = subprocess.run(["bash", SCRIPT], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert result.returncode == 3, result.stdout[-4000:] + result.stderr[-2000:]
+    assert_cut_short(summary, [], ["modern", "modern_resume"])
+    assert "cut short at its cap of 5 s" in rows(summary)["modern"], summary
+    assert "not run: modern was cut short" in rows(summary)["modern_resume"], summary
+    assert not leftovers(str(tmp_path))
 
 
 def write_log(path, entries):
