@@ -30,53 +30,7 @@ OUT=${OUT:-/tmp/gpu_check}
 DRY_RUN=${DRY_RUN:-0}
 BUDGET=${BUDGET:-540}
 RESERVE=15  # seconds kept back from BUDGET for the last summary and tarball
-case "${CALL:-}" in
-  "") CALL_STAGES="env default ddp side_by_side tests recipes evals" ;;
-  1) CALL_STAGES="env default ddp_plain side_by_side" ;;
-  2) CALL_STAGES="env ddp_zero ddp_fsdp ddp_recompute tests" ;;
-  3) CALL_STAGES="env recipes" ;;
-  4) CALL_STAGES="env evals" ;;
-  *) echo "error: CALL is 1, 2, 3 or 4" >&2; exit 2 ;;
-esac
-STAGES=" ${STAGES:-$CALL_STAGES} "
-STAGES=${STAGES// ddp / ddp_plain ddp_zero ddp_fsdp ddp_recompute }
-STAGES=${STAGES// recipes / modern speedrun }
-for s in $STAGES; do
-  case $s in env|default|ddp_plain|side_by_side|ddp_zero|ddp_fsdp|ddp_recompute|tests|modern|speedrun|evals) ;;
-    *) echo "error: no stage $s" >&2; exit 2 ;; esac
-done
-stage() { [[ "$STAGES" == *" $1 "* ]]; }
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 2  # checkpoints, the compile cache, the logs until tarred
-LOGS=$WORK/logs
-mkdir -p "$LOGS" "$OUT"
-: > "$LOGS/runs.tsv"
-rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz"
-[ -d .deps ] && export PYTHONPATH="$ROOT/.deps${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"  # one compile cache for every process of the call
-if [ -z "${BENCH_DATA:-}" ]; then
-  for d in bench_data ../shared/bench_data; do [ -d "$d" ] && BENCH_DATA=$(cd "$d" && pwd) && break; done
-fi
-[ -n "${BENCH_DATA:-}" ] || { echo "error: no benchmark shards: set BENCH_DATA or copy them into bench_data/" >&2; exit 2; }
-if [ -z "${REF_DIR:-}" ]; then
-  for d in .ref ../shared/gpu; do [ -f "$d/side_by_side.sh" ] && REF_DIR=$d && break; done
-fi
-HAVE_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))") || exit 2
-
-if [ "$DRY_RUN" = 1 ]; then  # a tiny shape on the CPU: the same stages and checks, no meaning as numbers
-  SHAPE="--n_layer 2 --n_head 2 --n_embd 64 --seq_len 64 --batch_size 2 --device cpu --no_compile --dtype fp32"
-  BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"; AUTO=""; CKPT_BATCH=$SMALL_BATCH
-  EVAL_DEVICE="--device cpu --no_compile"; HELLASWAG_EXAMPLES=8; CORE_PER_TASK=11; GEN_MODEL=tiny; GEN_DEVICE=cpu; GEN_TOKENS=16
-  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6 SKIP=2)
-  EXACT=--exact
-else  # the default recipe's shape (d12, micro-batch 64 x 1024, compile, bf16 on CUDA)
-  SHAPE=""; BIG_BATCH=""; SMALL_BATCH="--total_batch_size 65536"  # 0.5M tokens a step; one micro-step
-  AUTO="--batch_size auto"; CKPT_BATCH="--batch_size 16 --total_batch_size 16384 --no_compile"  # evals' checkpoint
-  EVAL_DEVICE=""; HELLASWAG_EXAMPLES=500; CORE_PER_TASK=20; GEN_MODEL=d12; GEN_DEVICE=cuda; GEN_TOKENS=128
-  SBS_FLAGS="--batch_size 64"; SBS_ENV=(STEPS=16 SKIP=6)  # build-nanogpt's micro-batch; 10 timed steps each
-  EXACT=""
-fi
-QUIET="--hellaswag_every 0 --sample_every 0"
+WORK="" LOGS="" EXACT="" HELLASWAG_EXAMPLES=0
 
 # The stages' processes are found by a marker in their environment (not in this script's own): torchrun starts each
 # worker in a session of its own, so killing a stage's session alone would leave its workers on the GPU.
@@ -95,12 +49,84 @@ kill_stage() {  # TERM (torchrun hands it on to its workers), KILL to what is le
 # snapshot [--partial]: summary.txt and logs.tar.gz in $OUT from the logs so far, each replaced in one rename, so that
 # whenever the call is cut short $OUT holds the rows that finished (--partial: the summary says CUT SHORT)
 snapshot() {
-  $PY bench/gpu_check_report.py "$LOGS" $EXACT --hellaswag_examples "$HELLASWAG_EXAMPLES" "$@" > "$OUT/summary.txt.part" 2>&1
+  $PY bench/gpu_check_report.py "$LOGS" $EXACT --hellaswag_examples "$HELLASWAG_EXAMPLES" "$@" \
+    > "$OUT/summary.txt.part" 2>&1
   local rc=$?
   mv "$OUT/summary.txt.part" "$OUT/summary.txt"
   tar -czf "$OUT/logs.tar.gz.part" -C "$WORK" logs && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
   return $rc
 }
+make_work() {  # the working folder (checkpoints, the compile cache, the logs until tarred): what of it is missing, so
+  # that a signal while the script makes it (on_signal calls this too) still finds it whole
+  [ -n "$WORK" ] || WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 2
+  LOGS=$WORK/logs
+  mkdir -p "$LOGS" "$OUT" && { [ -f "$LOGS/runs.tsv" ] || : > "$LOGS/runs.tsv"; }
+}
+
+finish() {  # the last summary (CUT SHORT if the call ended early: $1 = --partial), and exit with the report's status
+  snapshot "$@"; local rc=$?
+  cat "$OUT/summary.txt"
+  exit "$rc"
+}
+on_signal() {
+  trap '' TERM INT HUP  # one ending, however many signals come
+  if [ -n "$STAGE" ]; then
+    kill_stage; kill "$TIMER" 2>/dev/null; wait "$TIMER" "$STAGE_PID" 2>/dev/null
+    printf '%s\t%s\t%s\n' "$STAGE" "cut short: the check got SIG$1" "$((SECONDS - STAGE_START))" >> "$LOGS/runs.tsv"
+  fi
+  echo "gpu check: SIG$1: stopping"
+  make_work  # (a signal before the script made its folder)
+  finish --partial
+}
+# the traps before anything that takes time: a signal from here on ends with a summary and leaves no folder behind
+trap 'on_signal TERM' TERM; trap 'on_signal INT' INT; trap 'on_signal HUP' HUP
+trap '[ -n "$STAGE" ] && kill_stage; [ -n "$WORK" ] && rm -rf "$WORK"' EXIT
+
+case "${CALL:-}" in
+  "") CALL_STAGES="env default ddp side_by_side tests recipes evals" ;;
+  1) CALL_STAGES="env default ddp_plain side_by_side" ;;
+  2) CALL_STAGES="env ddp_zero ddp_fsdp ddp_recompute tests" ;;
+  3) CALL_STAGES="env recipes" ;;
+  4) CALL_STAGES="env evals" ;;
+  *) echo "error: CALL is 1, 2, 3 or 4" >&2; exit 2 ;;
+esac
+STAGES=" ${STAGES:-$CALL_STAGES} "
+STAGES=${STAGES// ddp / ddp_plain ddp_zero ddp_fsdp ddp_recompute }
+STAGES=${STAGES// recipes / modern speedrun }
+for s in $STAGES; do
+  case $s in env|default|ddp_plain|side_by_side|ddp_zero|ddp_fsdp|ddp_recompute|tests|modern|speedrun|evals) ;;
+    *) echo "error: no stage $s" >&2; exit 2 ;; esac
+done
+stage() { [[ "$STAGES" == *" $1 "* ]]; }
+
+if [ "$DRY_RUN" = 1 ]; then  # a tiny shape on the CPU: the same stages and checks, no meaning as numbers
+  SHAPE="--n_layer 2 --n_head 2 --n_embd 64 --seq_len 64 --batch_size 2 --device cpu --no_compile --dtype fp32"
+  BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"; AUTO=""; CKPT_BATCH=$SMALL_BATCH
+  EVAL_DEVICE="--device cpu --no_compile"; HELLASWAG_EXAMPLES=8; CORE_PER_TASK=11; GEN_MODEL=tiny; GEN_DEVICE=cpu; GEN_TOKENS=16
+  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6 SKIP=2)
+  EXACT=--exact
+else  # the default recipe's shape (d12, micro-batch 64 x 1024, compile, bf16 on CUDA)
+  SHAPE=""; BIG_BATCH=""; SMALL_BATCH="--total_batch_size 65536"  # 0.5M tokens a step; one micro-step
+  AUTO="--batch_size auto"; CKPT_BATCH="--batch_size 16 --total_batch_size 16384 --no_compile"  # evals' checkpoint
+  EVAL_DEVICE=""; HELLASWAG_EXAMPLES=500; CORE_PER_TASK=20; GEN_MODEL=d12; GEN_DEVICE=cuda; GEN_TOKENS=128
+  SBS_FLAGS="--batch_size 64"; SBS_ENV=(STEPS=16 SKIP=6)  # build-nanogpt's micro-batch; 10 timed steps each
+  EXACT=""
+fi
+QUIET="--hellaswag_every 0 --sample_every 0"
+
+make_work
+rm -f "$OUT/summary.txt" "$OUT/logs.tar.gz"  # (an earlier call's)
+[ -d .deps ] && export PYTHONPATH="$ROOT/.deps${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$WORK/inductor"  # one compile cache for every process of the call
+if [ -z "${BENCH_DATA:-}" ]; then
+  for d in bench_data ../shared/bench_data; do [ -d "$d" ] && BENCH_DATA=$(cd "$d" && pwd) && break; done
+fi
+[ -n "${BENCH_DATA:-}" ] || { echo "error: no benchmark shards: set BENCH_DATA or copy them into bench_data/" >&2; exit 2; }
+if [ -z "${REF_DIR:-}" ]; then
+  for d in .ref ../shared/gpu; do [ -f "$d/side_by_side.sh" ] && REF_DIR=$d && break; done
+fi
+HAVE_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))") || exit 2
+
 row() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$LOGS/runs.tsv"; snapshot --partial; }
 
 # capped NAME CAP CMD...: CMD in a session of its own, output to logs/NAME.txt, killed with all it started at CAP
@@ -156,22 +182,6 @@ resumed() {
   row "$name" "$RESULT" "$SECS"
 }
 
-finish() {  # the last summary (CUT SHORT if the call ended early: $1 = --partial), and exit with the report's status
-  snapshot "$@"; local rc=$?
-  cat "$OUT/summary.txt"
-  exit "$rc"
-}
-on_signal() {
-  trap '' TERM INT HUP  # one ending, however many signals come
-  if [ -n "$STAGE" ]; then
-    kill_stage; kill "$TIMER" 2>/dev/null; wait "$TIMER" "$STAGE_PID" 2>/dev/null
-    printf '%s\t%s\t%s\n' "$STAGE" "cut short: the check got SIG$1" "$((SECONDS - STAGE_START))" >> "$LOGS/runs.tsv"
-  fi
-  echo "gpu check: SIG$1: stopping"
-  finish --partial
-}
-trap 'on_signal TERM' TERM; trap 'on_signal INT' INT; trap 'on_signal HUP' HUP
-trap '[ -n "$STAGE" ] && kill_stage; rm -rf "$WORK"' EXIT
 
 if stage env; then
   run env 60 bash -c "date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null

@@ -159,6 +159,26 @@ def test_a_straight_run_cut_after_its_checkpoint_leaves_its_resume_not_run(shard
     assert not leftovers(str(tmp_path))
 
 
+@pytest.mark.slow
+def test_sigterm_before_the_first_stage_still_writes_the_summary_and_cleans_up(shards, tmp_path):
+    """SIGTERM as soon as the script has made its working folder (it then asks torch whether CUDA is there, seconds
+    before its first stage): the summary says CUT SHORT, the folder goes, no process stays."""
+    script = subprocess.Popen(["bash", SCRIPT], cwd=str(tmp_path), env=dry_run_env(tmp_path, shards, CALL="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]:
+        assert script.poll() is None and time.monotonic() < deadline, script.stdout.read()
+        time.sleep(0.01)  # polling for the folder to appear, not a wait for something to finish
+    script.send_signal(signal.SIGTERM)
+    console, _ = script.communicate(timeout=120)
+    assert script.returncode == 3, console
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert_cut_short(summary, [], [])
+    assert sorted(os.listdir(tmp_path / "out")) == ["logs.tar.gz", "summary.txt"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]
+    assert not leftovers(str(tmp_path))
+
+
 def write_log(path, entries):
     path.write_text("".join(f"{step} {kind} {value}\n" for step, kind, value in entries))
     return str(path)
