@@ -5,6 +5,7 @@ leaves no process behind; and the report never says passed for a cut-short or fa
 the straight run."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,11 +21,16 @@ from conftest import ROOT, make_shards  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
 CALLS = {  # each call's rows, in order
-    "1": ["env", "default", "default_resume", "torchrun_plain", "side_by_side"],
-    "2": ["env", "torchrun_zero", "torchrun_fsdp", "torchrun_recompute", "tests"],
-    "3": ["env", "modern", "modern_resume", "speedrun", "speedrun_resume"],
-    "4": ["env", "evals_checkpoint", "hellaswag", "core", "generate", "generate_int8", "export_hf", "sampling_speed"],
+    "1": ["env", "default", "default_resume"],
+    "2": ["env", "side_by_side", "modern", "modern_resume"],
+    "3": ["env", "torchrun_zero", "torchrun_fsdp", "torchrun_recompute"],
+    "4": ["env", "torchrun_plain", "tests"],
+    "5": ["env", "speedrun", "speedrun_resume"],
+    "6": ["env", "evals_checkpoint", "hellaswag", "core", "generate", "generate_int8", "export_hf", "sampling_speed"],
 }
+# a lent GPU machine's device time per task (its start, each command and the waits between them), and a start's
+# (a minute or more, docs/speed.md; taken as 3 minutes)
+TASK_SECONDS, MACHINE_START_SECONDS = 15 * 60, 3 * 60
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +183,22 @@ def test_sigterm_before_the_first_stage_still_writes_the_summary_and_cleans_up(s
     assert sorted(os.listdir(tmp_path / "out")) == ["logs.tar.gz", "summary.txt"]
     assert not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]
     assert not leftovers(str(tmp_path))
+
+
+def test_any_two_calls_and_a_machines_start_fit_one_task():
+    """A call ends within BUDGET (its stages' caps are cut to what is left of it; the cut tests above), so two calls at
+    the default BUDGET after a machine's start fit a task's device time, each under 8 minutes; docs/speed.md's table
+    names each call's rows and an estimate that fits its BUDGET less the reserve for the last summary."""
+    script = open(SCRIPT).read()
+    budget = int(re.search(r"^BUDGET=\$\{BUDGET:-(\d+)\}", script, re.M).group(1))
+    reserve = int(re.search(r"^RESERVE=(\d+)", script, re.M).group(1))
+    assert 2 * budget + MACHINE_START_SECONDS <= TASK_SECONDS and budget < 8 * 60, budget
+    speed = open(os.path.join(ROOT, "docs", "speed.md")).read()
+    table = {m.group(1): m for m in re.finditer(r"^\| (\d+) \| ([^|]+) \|.*\| ~(\d+) s \|$", speed, re.M)}
+    assert sorted(table) == sorted(CALLS)
+    for call, m in table.items():
+        assert re.findall(r"`(\w+)`", m.group(2)) == CALLS[call], m.group(0)
+        assert int(m.group(3)) <= budget - reserve, m.group(0)
 
 
 def write_log(path, entries):
