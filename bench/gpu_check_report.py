@@ -94,8 +94,10 @@ def main(argv=None):
         print(open(env).read().strip())
     failed, cut = False, args.partial
     print(f"{'stage':<22} {'result':<18} {'s':>5} {'ms/step':>9} {'tok/s':>10} {'peak GiB':>9}  notes")
-    runs = os.path.join(args.logs, "runs.tsv")  # (none yet: the call was stopped before it began)
-    rows = list(csv.reader(open(runs), delimiter="\t")) if os.path.exists(runs) else []
+    rows, runs = [], os.path.join(args.logs, "runs.tsv")
+    if os.path.exists(runs):  # (else the call was stopped before it began)
+        with open(runs) as f:
+            rows = list(csv.reader(f, delimiter="\t"))
     for name, rc, seconds in rows:
         numbers, notes = ("", "", ""), ""
         log = os.path.join(args.logs, f"{name}.txt")

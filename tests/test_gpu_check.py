@@ -1,8 +1,9 @@
-"""bench/gpu_check.sh, the prepared runs of every path on a GPU in calls that fit a lent device, kept from rotting while
-no GPU is at hand: each call's dry run (its stages at a tiny shape on the CPU, CUDA-only stages skipped) passes here;
-a call cut short (a stage at its cap, SIGTERM to the script mid-stage) says CUT SHORT above the rows that finished and
-leaves no process behind; and the report never says passed for a cut-short or failed stage, or a resume that is not
-the straight run."""
+"""bench/gpu_check.sh, the prepared runs of every path on a GPU in calls that fit a lent device (any two of them a
+task), kept from rotting while no GPU is at hand: each call's dry run (its stages at a tiny shape on the CPU, CUDA-only
+stages skipped) passes here; a call cut short (a stage at its cap, SIGTERM to the script mid-stage or before its first
+stage) says CUT SHORT above the rows that finished and leaves no process or folder behind, and a cut run's resume does
+not run; and the report never says passed for a cut-short or failed stage, or a resume that is not the straight run
+(each kind of value within its own tolerance)."""
 
 import os
 import re
@@ -173,7 +174,7 @@ def test_sigterm_before_the_first_stage_still_writes_the_summary_and_cleans_up(s
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while not [p for p in os.listdir(tmp_path) if p.startswith("gpu_check.")]:
-        assert script.poll() is None and time.monotonic() < deadline, script.stdout.read()
+        assert script.poll() is None and time.monotonic() < deadline, "the script ended or made no folder"
         time.sleep(0.01)  # polling for the folder to appear, not a wait for something to finish
     script.send_signal(signal.SIGTERM)
     console, _ = script.communicate(timeout=120)
