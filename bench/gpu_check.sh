@@ -10,11 +10,13 @@
 #   CALL=5  env; --recipe speedrun --batch_size auto (a cold compile, two 4.4 GB checkpoints), resumed once ~245 s
 #   CALL=6  env; a short eager run's checkpoint, then hellaswag.py, evaluate.py, generate_tokens.py (bf16, --int8,
 #           --export_hf) and batch-1 sampling speed beside transformers                                   ~265 s
+#   CALL=7  env; the speed levers beside build-nanogpt: ours, --loss_impl fused (at 64, at 128), --fp8   ~275 s
+#   CALL=8  env; --loss_impl chunked, --recipe modern padded (50304) and not (50257) beside build-nanogpt ~260 s
 #
 #   CALL=1 bash bench/gpu_check.sh                        # on the GPU machine, from the project's root; results in $OUT
 #   CALL=1 DRY_RUN=1 OUT=/tmp/gc bash bench/gpu_check.sh  # the same stages at a tiny shape on the CPU (the tests do)
 #
-# Environment: CALL (1-6), or STAGES (any of STAGE_ORDER's, below, run in that order; "ddp" and "recipes" name their
+# Environment: CALL (1-8), or STAGES (any of STAGE_ORDER's, below, run in that order; "ddp" and "recipes" name their
 # four and two; STAGES wins over CALL; neither: all of them); BUDGET (seconds for the whole call, 330; up to 540 for a
 # call alone in a task; 0: none); CAP (every stage's cap in seconds) and CAP_<row> (one row's, e.g.
 # CAP_default_resume=30), to rehearse a call cut short; OUT (results: summary.txt and logs.tar.gz, rewritten as each
@@ -89,8 +91,9 @@ trap '[ -n "$STAGE" ] && kill_stage; [ -n "$WORK" ] && rm -rf "$WORK"' EXIT
 # A new stage: a function stage_NAME below (its rows, each with a cap), NAME in STAGE_ORDER, and NAME in a call whose
 # estimate in docs/speed.md's table still fits BUDGET with it (else a call of its own)
 STAGE_ORDER="env default side_by_side modern ddp_plain ddp_zero ddp_fsdp ddp_recompute tests speedrun evals"
+STAGE_ORDER+=" levers levers_vocab"
 CALLS=([1]="env default" [2]="env side_by_side modern" [3]="env ddp_zero ddp_fsdp ddp_recompute"
-       [4]="env ddp_plain tests" [5]="env speedrun" [6]="env evals")
+       [4]="env ddp_plain tests" [5]="env speedrun" [6]="env evals" [7]="env levers" [8]="env levers_vocab")
 if [ -n "${CALL:-}" ]; then
   [[ "$CALL" =~ ^[0-9]+$ && -n "${CALLS[$CALL]:-}" ]] || { echo "error: CALL is one of ${!CALLS[*]}" >&2; exit 2; }
 fi
@@ -107,14 +110,16 @@ if [ "$DRY_RUN" = 1 ]; then  # a tiny shape on the CPU: the same stages and chec
   BIG_BATCH="--total_batch_size 256"; SMALL_BATCH="--total_batch_size 128"; AUTO=""; CKPT_BATCH=$SMALL_BATCH
   EVAL_DEVICE="--device cpu --no_compile"; HELLASWAG_EXAMPLES=8; CORE_PER_TASK=11
   GEN_MODEL=tiny; GEN_DEVICE=cpu; GEN_FLAGS="--threads 1"; GEN_TOKENS=16
-  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6 SKIP=2)
+  SBS_FLAGS="$SHAPE $BIG_BATCH"; SBS_BIGGER="--batch_size 4"; SBS_ENV=(REF_TINY=1 REF_B=2 REF_T=64 REF_TOTAL=256 STEPS=6
+  SKIP=2)
   EXACT=--exact
 else  # the default recipe's shape (d12, micro-batch 64 x 1024, compile, bf16 on CUDA)
   SHAPE=""; BIG_BATCH=""; SMALL_BATCH="--total_batch_size 65536"  # 0.5M tokens a step; one micro-step
   AUTO="--batch_size auto"; CKPT_BATCH="--batch_size 16 --total_batch_size 16384 --no_compile"  # evals' checkpoint
   EVAL_DEVICE=""; HELLASWAG_EXAMPLES=500; CORE_PER_TASK=20
   GEN_MODEL=d12; GEN_DEVICE=cuda; GEN_FLAGS="--dtype bf16 --threads 0"; GEN_TOKENS=128
-  SBS_FLAGS="--batch_size 64"; SBS_ENV=(STEPS=16 SKIP=6)  # build-nanogpt's micro-batch; 10 timed steps each
+  SBS_FLAGS="--batch_size 64"; SBS_BIGGER="--batch_size 128"; SBS_ENV=(STEPS=16 SKIP=6)  # build-nanogpt's
+  # micro-batch; 10 timed steps each
   EXACT=""
 fi
 QUIET="--hellaswag_every 0 --sample_every 0"
@@ -213,15 +218,31 @@ stage_default() {  # ~150 s and ~125 s
   if stage evals; then rm -f "$WORK/default/model_00019.pt"; else drop_checkpoints "$WORK/default"; fi
 }
 
-stage_side_by_side() {  # ~140 s
+# sbs NAME CAP VARIANT...: side_by_side.sh, build-nanogpt beside ours in each variant (its extra flags), one run
+sbs() {
+  local name=$1 cap=$2 v; shift 2
   if [ -z "${REF_DIR:-}" ]; then
-    row side_by_side "no side_by_side.sh: lay out .ref/ (docs/speed.md)" 0
+    row "$name" "no side_by_side.sh: lay out .ref/ (docs/speed.md)" 0
     return
   fi
-  run side_by_side 280 env "${SBS_ENV[@]}" BENCH_DATA="$BENCH_DATA" OUT="$WORK/sbs" PY="$PY" \
-    bash "$REF_DIR/side_by_side.sh" "$SBS_FLAGS"
-  mkdir -p "$LOGS/side_by_side" && cp "$WORK"/sbs/*.txt "$LOGS/side_by_side/" 2>/dev/null
+  local -a variants=()
+  for v in "$@"; do variants+=("$SBS_FLAGS $v"); done
+  run "$name" "$cap" env "${SBS_ENV[@]}" BENCH_DATA="$BENCH_DATA" OUT="$WORK/sbs" PY="$PY" \
+    bash "$REF_DIR/side_by_side.sh" "${variants[@]}"
+  mkdir -p "$LOGS/$name" && cp "$WORK"/sbs/*.txt "$LOGS/$name/" 2>/dev/null
   rm -rf "$WORK/sbs"  # the shards as .npy for build-nanogpt
+}
+stage_side_by_side() { sbs side_by_side 280 ""; }  # ~140 s
+# the levers past build-nanogpt (docs/speed.md, "Past the lecture's speed"), each beside it in one run; their packages
+# (liger-kernel, torchao) installed from carried wheels. On a CPU (DRY_RUN) the fused head is left out: its Triton
+# kernel runs there only in the interpreter, far too slowly for a step
+stage_levers() {  # ~265 s: build-nanogpt and four of ours, ~53 s each
+  local fused="--loss_impl fused"
+  [ "$HAVE_CUDA" = 1 ] || fused="--loss_impl chunked"
+  sbs levers 320 "" "$fused" "$fused $SBS_BIGGER" "--fp8"  # (twice the micro-batch: the logits never held)
+}
+stage_levers_vocab() {  # ~250 s: build-nanogpt, ours chunked, modern padded and not (a larger graph to compile)
+  sbs levers_vocab 320 "--loss_impl chunked" "--recipe modern" "--recipe modern --vocab_size 50257"
 }
 
 # recipe RECIPE CAP FLAGS...: --recipe RECIPE compiled for 20 steps, checkpoints after steps 9 and 19, then resumed from

@@ -16,7 +16,9 @@ import os
 import re
 import sys
 
-SPEED_RE = re.compile(r"ours \[.*?\] ([\d.]+) ms/step.*speed vs build-nanogpt ([\d.]+)x")  # side_by_side.sh's
+# side_by_side.sh's line for each variant: its flags, ms/step and speed against build-nanogpt
+SPEED_RE = re.compile(r"ours \[(.*?)\] ([\d.]+) ms/step.*speed vs build-nanogpt ([\d.]+)x")
+SIDE_BY_SIDE = ("side_by_side", "levers", "levers_vocab")  # the rows that run side_by_side.sh
 SUMMARY_RE = re.compile(r"summary: .*?median ([\d.]+) ms/step.*?\| ([\d,]+) tok/s.*?peak memory ([\d.]+) GiB")
 # bf16 kernels on a GPU are not bit-deterministic (atomic adds in the backward): a resumed run's losses may
 # differ from the straight run's in the last digits; 1e-3 of a loss near 10 is far above that and far below
@@ -128,11 +130,13 @@ def main(argv=None):
             notes = "tok/s " + table[-1] if table else "no table"
             if not table or not table[-1].endswith("| yes |"):
                 result, failed = "FAILED (tokens)", True
-        if name == "side_by_side" and rc == "0":  # each program's "rc=N" line, then ours against build-nanogpt
-            speed = SPEED_RE.search(text)
-            notes = f"speed vs build-nanogpt {speed.group(2)}x" if speed else "no speed ratio"
-            numbers = (speed.group(1) if speed else "", "", "")
-            if not speed or re.search(r"rc=[1-9]", text):
+        if name in SIDE_BY_SIDE and rc == "0":  # each program's "rc=N" line, then each variant against build-nanogpt
+            speeds = SPEED_RE.findall(text)
+            shared = os.path.commonprefix([flags.split() for flags, _, _ in speeds]) if len(speeds) > 1 else []
+            notes = "; ".join(f"[{' '.join(flags.split()[len(shared):]) or 'defaults'}] {ratio}x"
+                              for flags, _, ratio in speeds) + " vs build-nanogpt" if speeds else "no speed ratio"
+            numbers = (speeds[0][1] if speeds else "", "", "")
+            if not speeds or re.search(r"rc=[1-9]", text):
                 result, failed = "FAILED (programs)", True
         print(f"{name:<22} {result:<18} {seconds:>5} {numbers[0]:>9} {numbers[1]:>10} {numbers[2]:>9}  {notes}")
     if cut:

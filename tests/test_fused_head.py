@@ -9,6 +9,7 @@ not installed (.ci/run installs both).
 """
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -30,8 +31,23 @@ def interpreted_tanh(x):
     return 2 * tl.sigmoid(2 * x) - 1
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (on a CUDA machine the kernels are compiled)
+DEVICE = "cpu" if INTERPRETED else "cuda"
+
+
 @pytest.fixture(autouse=True)
 def interpreted_as_compiled(monkeypatch):
+    if INTERPRETED:
+        interpret_as_compiled(monkeypatch)
+    elif not torch.cuda.is_available():
+        pytest.skip("Triton's kernels need CUDA, or its interpreter (TRITON_INTERPRET=1)")
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # fp32 matmuls in fp32 (a training run in this process sets TF32)
+    yield
+    torch.set_float32_matmul_precision(precision)
+
+
+def interpret_as_compiled(monkeypatch):
     """Two things Triton's interpreter does not do as compiled Triton does, given here as a GPU has them: a float
     argument of a kernel is an fp32 scalar (the interpreter hands over the Python float, and Liger's kernel calls
     .to() on its softcap); and libdevice's tanh (the softcap's), which the interpreter lacks, is 2 sigmoid(2x) - 1."""
@@ -60,7 +76,7 @@ def test_fused_is_cross_entropy_within_the_rounding_bound(n, c, v):
     x, w, t = make_inputs(n, c, v, scale=2.0)
     exact, bounds = rounding_error_bounds(x, w, t)
     for name, fn in (("fused", fused), ("reference", lambda x, w, t: F.cross_entropy(x @ w.T, t, ignore_index=-1))):
-        loss, gx, gw = loss_and_grads(fn, x, w, t)
+        loss, gx, gw = (r.cpu() for r in loss_and_grads(fn, x.to(DEVICE), w.to(DEVICE), t.to(DEVICE)))
         assert abs(loss.double() - exact[0]) <= bounds[0], name
         assert ((gx.double() - exact[1]).abs() <= bounds[1]).all(), name
         assert ((gw.double() - exact[2]).abs() <= bounds[2]).all(), name
@@ -70,7 +86,7 @@ def test_fused_is_cross_entropy_within_the_rounding_bound(n, c, v):
 def test_fused_takes_the_softcap_and_the_masked_padding_as_the_chunked_head_does(softcap, real_vocab):
     """float64 inputs (the kernel's softmax runs in fp32): the fused loss and gradients equal the chunked head's
     (float64 throughout) to fp32 rounding: relative 1e-5 of each gradient's largest entry."""
-    x, w, t = make_inputs(40, 24, 256, scale=2.0, dtype=torch.float64)
+    x, w, t = (a.to(DEVICE) for a in make_inputs(40, 24, 256, scale=2.0, dtype=torch.float64))
     t = t.clamp(max=(real_vocab or 256) - 1)
     ours = loss_and_grads(lambda x, w, t: fused_cross_entropy(x, w, t, softcap=softcap, real_vocab=real_vocab), x, w, t)
     chunked = loss_and_grads(lambda x, w, t: chunked_cross_entropy(x, w, t, 16, softcap=softcap, real_vocab=real_vocab),
@@ -83,7 +99,7 @@ def test_fused_takes_the_softcap_and_the_masked_padding_as_the_chunked_head_does
 
 
 def test_the_gradient_follows_the_incoming_one_and_no_gradient_gives_the_loss_alone():
-    x, w, t = make_inputs(32, 16, 64)
+    x, w, t = (a.to(DEVICE) for a in make_inputs(32, 16, 64))
     plain = loss_and_grads(fused, x, w, t)
     scaled = loss_and_grads(fused, x, w, t, upstream=0.25)
     assert torch.equal(scaled[1], plain[1] * 0.25) and torch.equal(scaled[2], plain[2] * 0.25)
@@ -96,8 +112,8 @@ def test_the_fused_head_is_one_operation_to_torch_compile():
     backend behind) gives the gradients of the uncompiled model."""
     torch.manual_seed(0)
     model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=16, vocab_size=128, n_layer=1, n_head=2, n_embd=16))
-    model.loss_impl = "fused"
-    x = torch.randint(0, 128, (2, 16))
+    model.to(DEVICE).loss_impl = "fused"
+    x = torch.randint(0, 128, (2, 16), device=DEVICE)
     explained = torch._dynamo.explain(model)(x, x.roll(1, 1))
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
     ops = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes]
@@ -120,7 +136,7 @@ def test_a_tiny_run_with_the_fused_head_trains_as_the_chunked_one(tmp_path):
         log_dir = str(tmp_path / impl)
         train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--max_steps", "3", "--eval_every", "0",
                          "--save_every", "0", "--batch_size", "2", "--seq_len", "16", "--total_batch_size", "32",
-                         "--loss_impl", impl])
+                         "--loss_impl", impl, "--device", DEVICE])
         losses[impl] = read_log(log_dir)["train"]
     for step, loss in losses["chunked"].items():
         assert abs(losses["fused"][step] - loss) <= 1e-4 * loss, (step, losses)
@@ -130,7 +146,7 @@ def test_where_the_fused_head_cannot_run_it_is_one_line(tmp_path, monkeypatch, c
     data = make_shards(str(tmp_path / "data"))
     flags = [*TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "1", "--loss_impl",
              "fused"]
-    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert_cli_error(script_cli(capsys, train_gpt2.main, *flags), "--loss_impl fused runs Triton kernels",
                      "device is cpu", "--loss_impl chunked")
     real_find_spec = importlib.util.find_spec

@@ -28,6 +28,8 @@ CALLS = {  # each call's rows, in order
     "4": ["env", "torchrun_plain", "tests"],
     "5": ["env", "speedrun", "speedrun_resume"],
     "6": ["env", "evals_checkpoint", "hellaswag", "core", "generate", "generate_int8", "export_hf", "sampling_speed"],
+    "7": ["env", "levers"],
+    "8": ["env", "levers_vocab"],
 }
 # a lent GPU machine's device time per task (its start, each command and the waits between them), and a start's
 # (a minute or more, docs/speed.md; taken as 3 minutes)
@@ -260,7 +262,14 @@ def test_the_report_fails_a_failed_stage(tmp_path, capsys):
     ratio = "round 1: ours [--batch_size 64] 1050.0 ms/step (n=10), speed vs build-nanogpt 1.047x\n"
     (tmp_path / "side_by_side.txt").write_text(ok + ratio)
     assert gpu_check_report.main([str(tmp_path)]) == 0
-    assert "speed vs build-nanogpt 1.047x" in capsys.readouterr().out
+    assert "[--batch_size 64] 1.047x vs build-nanogpt" in capsys.readouterr().out
+    # several variants (the levers): each ratio, named by what it adds to the flags they share
+    (tmp_path / "runs.tsv").write_text("levers\t0\t50\n")
+    (tmp_path / "levers.txt").write_text(ok + ratio + ratio.replace("[--batch_size 64]", "[--batch_size 64 --fp8]")
+                                         .replace("1.047", "1.210"))
+    assert gpu_check_report.main([str(tmp_path)]) == 0
+    assert "[defaults] 1.047x; [--fp8] 1.210x vs build-nanogpt" in capsys.readouterr().out
+    (tmp_path / "runs.tsv").write_text("side_by_side\t0\t50\n")
     for text in (ok.replace("ours [--batch_size 64] rc=0", "ours [--batch_size 64] rc=1") + ratio, ok + ratio.replace(
             "1050.0", "nan").replace("1.047", "nan")):
         (tmp_path / "side_by_side.txt").write_text(text)

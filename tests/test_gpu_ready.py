@@ -106,6 +106,27 @@ def test_training_compiles_one_static_graph_whatever_the_evaluations_do(shards, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lever", [["--fp8"], ["--loss_impl", "fused"]], ids=["fp8", "fused"])
+def test_the_speed_levers_compile_one_static_training_graph(shards, tmp_path, monkeypatch, lever):
+    """--fp8 (torchao's layers, emulated here) and --loss_impl fused (one custom op; Triton's interpreter here): the
+    training graph is one, static, compiled before step 0, as the plain run's."""
+    name = lever[-1].lstrip("-")
+    if importlib.util.find_spec({"fp8": "torchao", "fused": "liger_kernel"}[name]) is None:
+        pytest.skip(f"the package of {' '.join(lever)} is not installed")
+    if name == "fused":  # (the interpreter's gaps, as tests/test_fused_head.py fills them)
+        from test_fused_head import interpret_as_compiled
+
+        interpret_as_compiled(monkeypatch)
+    recorder = GraphRecorder(monkeypatch)
+    data, _ = shards
+    flags = [f for f in TINY_FLAGS if f != "--no_compile"]
+    train_gpt2.main([*flags, "--compile", "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "2",
+                     "--total_batch_size", "128", "--eval_every", "0", "--save_every", "0", *lever])
+    training = recorder.of("training")
+    assert len(training) == 1 and not training[0]["dynamic"] and training[0]["after_step"] == 0, recorder.graphs
+
+
+@pytest.mark.slow
 def test_a_micro_batch_that_did_not_fit_leaves_training_a_static_graph(shards, tmp_path, monkeypatch):
     from oom_worker import failing_above
 
