@@ -23,6 +23,24 @@ if not torch.cuda.is_available():
 import train_gpt2  # noqa: E402
 from nanogpt.shards import write_shard  # noqa: E402
 
+OPTIONAL = os.path.join(ROOT, ".optional")  # packages only some tests import (.ci/run installs torchao there)
+
+
+def optional_package(name):
+    """Whether the package name can be imported: installed, or in .optional/ (then put on the path: its tests'
+    processes, and the scripts they start with optional_path())."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None and os.path.isdir(os.path.join(OPTIONAL, name)):
+        sys.path.append(OPTIONAL)  # (last: torchao's wheel also holds a package named test)
+        importlib.invalidate_caches()
+    return importlib.util.find_spec(name) is not None
+
+
+def optional_path():
+    """PYTHONPATH for a script that may import an optional package: the project, and .optional/ when there."""
+    return os.pathsep.join([ROOT, *([OPTIONAL] if os.path.isdir(OPTIONAL) else [])])  # (a script of ours imports no test)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the full suite's (torchrun, torch.compile, faults, trackers, the data "

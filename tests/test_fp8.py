@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_cli_error, load_weights, make_shards, read_log, script_cli
+from conftest import TINY_FLAGS, assert_cli_error, load_weights, make_shards, optional_package, read_log, script_cli
 from nanogpt.float8 import convert_to_fp8, fp8_problem
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+pytestmark = pytest.mark.skipif(not optional_package("torchao"), reason="torchao is not installed (.ci/run puts it in "
+                                                                          ".optional/)")
 
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import gpu_check_report  # noqa: E402
-from conftest import ROOT, make_shards  # noqa: E402
+from conftest import ROOT, make_shards, optional_path  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "bench", "gpu_check.sh")
 CALLS = {  # each call's rows, in order
@@ -45,7 +45,7 @@ def dry_run_env(tmp_path, shards, **extra):
     """The script's environment: every process it starts has tmp_path in its environment (TMPDIR), so
     `leftovers(tmp_path)` finds any of them still alive."""
     return dict(os.environ, DRY_RUN="1", OUT=str(tmp_path / "out"), BENCH_DATA=shards, PY=sys.executable,
-                OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=ROOT, **extra)
+                OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=optional_path(), **extra)
 
 
 def table_of(summary):

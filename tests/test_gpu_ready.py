@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import ROOT, TINY_FLAGS, make_shards, run_script, write_hellaswag
+from conftest import ROOT, TINY_FLAGS, make_shards, optional_package, run_script, write_hellaswag
 from nanogpt.run import Run
 
 pytestmark = pytest.mark.xdist_group("gpu_ready")
@@ -111,7 +111,7 @@ def test_the_speed_levers_compile_one_static_training_graph(shards, tmp_path, mo
     """--fp8 (torchao's layers, emulated here) and --loss_impl fused (one custom op; Triton's interpreter here): the
     training graph is one, static, compiled before step 0, as the plain run's."""
     name = lever[-1].lstrip("-")
-    if importlib.util.find_spec({"fp8": "torchao", "fused": "liger_kernel"}[name]) is None:
+    if not optional_package({"fp8": "torchao", "fused": "liger_kernel"}[name]):
         pytest.skip(f"the package of {' '.join(lever)} is not installed")
     if name == "fused":  # (the interpreter's gaps, as tests/test_fused_head.py fills them)
         from test_fused_head import interpret_as_compiled
