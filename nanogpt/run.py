@@ -18,7 +18,7 @@ from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpo
 from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
 from nanogpt.optimizers import rates_beside
-from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
+from nanogpt.runlog import RunLog, number_lines, run_summary, step_line, step_scalars
 from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
                              local_peers, peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
@@ -88,7 +88,7 @@ class Run:
         """An evaluation's result: `text` on the console, `<step> <line>` in log.txt, the scalars to the trackers."""
         self.val_loss = scalars.get("val/loss", self.val_loss)  # the summary's
         self.say(text)
-        self.rank0.do(self.log_file.record, step, line, scalars)
+        self.rank0.do(self.log_file.record, step, [line], scalars)
 
     @contextmanager
     def keeping_progress(self, step, attempt=None):
@@ -162,14 +162,16 @@ class Run:
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite, numbers=None):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health.
-        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers."""
+        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers and
+        log.txt (`<step> <name> <value>`, after the step's own line)."""
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
         others = rates_beside(self.optimizer)  # the matrices' optimizer's (Muon's), beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
-        self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
+        self.rank0.do(self.log_file.record, step, [f"{'train' if finite else 'skipped'} {loss:.6f}",
+                                                   *number_lines(numbers or {})],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
                                    numbers))
         self.bad_steps = 0 if finite else self.bad_steps + 1
