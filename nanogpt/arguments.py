@@ -238,9 +238,11 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     kv = kv_heads * D
     gpt2, gain = config.arch == "gpt2", config.arch == "llama"  # gain: an RMSNorm with a learned gain
     swiglu = config.mlp_act == "swiglu"
-    # weights, the gradients of the micro-steps before, the optimizers' state: the matrices' optimizer's
-    # (MATRIX_OPTIMIZERS) for the matrices, AdamW's two moments for the rest
-    state = MATRIX_OPTIMIZERS[optimizer].state_bytes * params.matrices + 8 * (params.total - params.matrices)
+    # weights, the gradients of the micro-steps before, the optimizers' state: --optimizer's (MATRIX_OPTIMIZERS) for what
+    # it takes (the matrices, or every parameter), AdamW's two moments for the rest
+    entry = MATRIX_OPTIMIZERS[optimizer]
+    taken = params.total if entry.takes == "model" else params.matrices
+    state = entry.state_bytes * taken + 8 * (params.total - taken)
     static = 8 * params.total + state
     # autocast's copies of the linear layers' weights and biases, cached through the forward pass; the weights'
     # are those backward needs
@@ -423,13 +425,37 @@ def widening_flags(args):
     return [f"--{name}" for name in ("vocab_size", "mlp_hidden") if name in args.explicit]
 
 
-def check_optimizer_dtype(optimizer, dtype):
-    """An --optimizer whose entry has no fp16 (Muon's) is refused in fp16: fp16's loss scaler is not wired to it."""
+# the kinds of learning-rate schedule an optimizer's entry may ask for (MatrixOptimizer.schedules): the flags giving each
+SCHEDULE_KINDS = {"cosine": "--lr_schedule cosine", "wsd": "--lr_schedule wsd",
+                  "held": "--lr_schedule wsd --warmdown_frac 0 (or --min_lr_frac 1)"}
+
+
+def schedule_kinds(schedule):
+    """The SCHEDULE_KINDS a run's learning-rate schedule (train_gpt2.LRSchedule) is: its shape, and "held" where the
+    rate at the last step is still the peak its warm-up reached (or a resume moved it to)."""
+    s = schedule.settings
+    peak = s["max_lr"] if schedule.start_lr is None else schedule.start_lr
+    return {s["lr_schedule"]} | ({"held"} if schedule(s["max_steps"] - 1) == peak else set())
+
+
+def check_optimizer(args, dtype, schedule):
+    """Refuse what --optimizer's entry of MATRIX_OPTIMIZERS says it cannot take: fp16 (its entry's fp16 off: the loss
+    scaler is not wired to it), a learning-rate schedule (train_gpt2.LRSchedule) not of its schedules, and
+    --fused_adamw where it takes the whole model and is not AdamW."""
     from nanogpt.optimizers import MATRIX_OPTIMIZERS
 
-    if dtype == "fp16" and not MATRIX_OPTIMIZERS[optimizer].fp16:
-        raise UserError(f"--optimizer {optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+    entry = MATRIX_OPTIMIZERS[args.optimizer]
+    if dtype == "fp16" and not entry.fp16:
+        raise UserError(f"--optimizer {args.optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
+    if entry.schedules and not set(entry.schedules) & schedule_kinds(schedule):
+        raise UserError(f"--optimizer {args.optimizer} trains with a {' or '.join(entry.schedules)} learning rate only, "
+                        f"and this run's is {schedule.describe()}; give "
+                        f"{' or '.join(SCHEDULE_KINDS[kind] for kind in entry.schedules)}")
+    if "fused_adamw" in args.explicit and entry.make and entry.takes == "model":
+        flag = "--fused_adamw" if args.fused_adamw else "--no_fused_adamw"
+        raise UserError(f"{flag} does nothing with --optimizer {args.optimizer}, which takes every parameter (no AdamW "
+                        "beside it); drop it")
 
 
 def check_loss_impl(loss_impl, device_type):
