@@ -8,6 +8,7 @@ evaluated, sampled and saved with its average, on every rank.
     OMP_NUM_THREADS=1 python -m pytest -q tests/test_optimizer_table.py
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -93,22 +94,28 @@ HELD = ["--lr_schedule", "wsd", "--warmdown_frac", "0"]
 
 @pytest.fixture
 def averaged(monkeypatch):
-    """add(decay): the entry of tests/averaged_adamw.py as --optimizer averaged."""
-    return lambda decay: monkeypatch.setitem(optimizers.MATRIX_OPTIMIZERS, "averaged", averaged_entry(decay))
+    """add(decay, takes="model"): the entry of tests/averaged_adamw.py as --optimizer averaged."""
+    return lambda decay, takes="model": monkeypatch.setitem(optimizers.MATRIX_OPTIMIZERS, "averaged", dataclasses.replace(
+        averaged_entry(decay), takes=takes))
 
 
-def test_a_whole_model_optimizer_with_modes_trains_and_resumes_exactly(averaged, tmp_path):
+@pytest.mark.parametrize("takes", ["model", "matrices"])
+def test_an_optimizer_with_modes_trains_and_resumes_exactly(averaged, tmp_path, takes):
     """Killed after step 3's checkpoint (which holds the average: eval mode) and resumed, the run logs what the
     straight run logs, train and val: the resume goes back to the trained weights, as the straight run did after
-    saving."""
-    averaged(0.5)
+    saving. Of the whole model, or of the matrices beside AdamW."""
+    averaged(0.5, takes)
     runs = straight_and_resumed(tmp_path, ["--optimizer", "averaged", *HELD])
     with open(os.path.join(runs["straight"], "log.txt")) as a, open(os.path.join(runs["resumed"], "log.txt")) as b:
         assert a.read() == b.read()
     ckpt = load_checkpoint(find_checkpoints(runs["straight"])[0])
-    n = len(ckpt["model"]) - 1  # (the head is the token embedding's weight: one parameter under two names)
-    assert len(ckpt["optimizer"]["state"]) == n  # one optimizer over every parameter, AdamW's and the average's state
-    assert all({"exp_avg", "average", "trained"} <= set(s) for s in ckpt["optimizer"]["state"].values())
+    if takes == "model":  # one optimizer over every parameter, AdamW's and the average's state
+        states = ckpt["optimizer"]["state"].values()
+        assert len(states) == len(ckpt["model"]) - 1  # (the head is the token embedding's weight: one under two names)
+    else:  # the matrices' state under the entry's name, beside AdamW's
+        assert set(ckpt["optimizer"]) == {"averaged", "adamw"}
+        states = ckpt["optimizer"]["averaged"]["state"].values()
+    assert states and all({"exp_avg", "average", "trained"} <= set(s) for s in states)
     train = read_log(runs["straight"])["train"]
     assert train[5] < train[0] - 0.1  # it trains
 
