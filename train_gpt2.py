@@ -47,7 +47,7 @@ from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, build_opti
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
-from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile,
+from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean, autocast_context, choose_compile,
                              counted_flops_per_token, peak_flops, pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
@@ -286,13 +286,14 @@ class GPT(nn.Module):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
         new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings)."""
+        formula nanoGPT and llm.c use (N less the lookup embeddings; a layer's at its active_fraction, as a mixture of
+        experts declares it: nanogpt.runtime)."""
         T = seq_len or self.config.block_size
         counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
         if counted is not None:
             return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
-        n = self.num_params() - sum(w.numel() for w in lookups)  # an embedding is a lookup, not a matmul (unless tied)
+        n = active_parameters(self) - sum(w.numel() for w in lookups)  # a lookup is no matmul (a tied head is)
         return 6 * n + 12 * self.config.n_layer * self.config.n_embd * T
 
     def hidden_states(self, idx, kv_cache=None):

@@ -118,7 +118,7 @@ class MatrixOptimizer:
     # that stays at its peak after the warm-up, as schedule-free's needs), others refused; None: any
     modes: bool = False  # it has modes, as schedule-free's torch optimizers: .eval() puts the weights to evaluate (an
     # average) into the model and .train() the trained ones back, both kept in its state; every rank switches around
-    # the loop's evaluations and every checkpoint, which holds the weights to evaluate (nanogpt.run.Run.evaluation_weights)
+    # the loop's evaluations and every checkpoint, which holds the weights to evaluate (Run.evaluation_weights)
 
 
 # --optimizer's choices. A new optimizer is an entry here, its factory, and its flags in train_gpt2.build_parser();

@@ -95,8 +95,10 @@ HELD = ["--lr_schedule", "wsd", "--warmdown_frac", "0"]
 @pytest.fixture
 def averaged(monkeypatch):
     """add(decay, takes="model"): the entry of tests/averaged_adamw.py as --optimizer averaged."""
-    return lambda decay, takes="model": monkeypatch.setitem(optimizers.MATRIX_OPTIMIZERS, "averaged", dataclasses.replace(
-        averaged_entry(decay), takes=takes))
+    def add(decay, takes="model"):
+        monkeypatch.setitem(optimizers.MATRIX_OPTIMIZERS, "averaged", dataclasses.replace(averaged_entry(decay),
+                                                                                           takes=takes))
+    return add
 
 
 @pytest.mark.parametrize("takes", ["model", "matrices"])
@@ -146,7 +148,8 @@ def test_it_evaluates_samples_and_saves_with_its_other_weights(averaged, tmp_pat
 
 
 @pytest.mark.parametrize("extra, needles", [
-    ([], ["--optimizer averaged trains with a held learning rate only", "cosine", "--lr_schedule wsd --warmdown_frac 0"]),
+    ([], ["--optimizer averaged trains with a held learning rate only", "cosine",
+          "--lr_schedule wsd --warmdown_frac 0"]),
     (["--lr_schedule", "wsd", "--warmdown_frac", "0.5"], ["held learning rate only", "then a straight line"]),
     ([*HELD, "--no_fused_adamw"], ["--no_fused_adamw does nothing with --optimizer averaged"]),
     ([*HELD, "--zero", "1"], ["--optimizer averaged trains with DDP only"]),
