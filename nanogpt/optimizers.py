@@ -162,8 +162,11 @@ def build_optimizer(settings, matrices, groups, make_adamw, process_group=None):
     if entry.takes == "model":
         optimizer, before_step = entry.make(groups, settings.max_lr, settings, process_group)
         assert before_step is None, f"{entry.name}: a whole model's optimizer keeps its own schedule of settings"
-        return optimizer
-    return matrices_with_adamw(matrices, make_adamw(groups), settings, process_group)
+    else:
+        optimizer = matrices_with_adamw(matrices, make_adamw(groups), settings, process_group)
+    if entry.modes:  # in train mode from the start (schedule-free's torch optimizers start in eval mode)
+        optimizer.train()
+    return optimizer
 
 
 def matrices_with_adamw(matrices, adamw, settings, process_group=None):

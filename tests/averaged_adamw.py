@@ -23,17 +23,23 @@ from nanogpt.optimizers import MatrixOptimizer  # noqa: E402
 class AveragedAdamW(torch.optim.AdamW):
     """AdamW, and an average of the weights, each step average <- decay * average + (1 - decay) * weights, from the
     weights before the first step. eval(): the average into the model, the trained weights kept in the state; train():
-    those back (also after loading a state saved in eval mode). Before the first step both are the weights."""
+    those back (also after loading a state saved in eval mode). As schedule-free's, it starts in eval mode, its mode is
+    in its param_groups (so in its state dict), and a step in eval mode is refused. Before the first step the average
+    is the weights."""
 
     def __init__(self, params, decay, **kwargs):
         super().__init__(params, **kwargs)
         self.decay = decay
+        for group in self.param_groups:
+            group["train_mode"] = False
 
     def weights(self):
         return [p for group in self.param_groups for p in group["params"]]
 
     @torch.no_grad()
     def step(self, closure=None):
+        if not self.param_groups[0]["train_mode"]:
+            raise RuntimeError("AveragedAdamW: a step in eval mode; call train() first")
         first = {p: p.clone() for p in self.weights() if p not in self.state}  # (AdamW makes its state in step)
         super().step()
         for p in self.weights():
@@ -43,16 +49,20 @@ class AveragedAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def eval(self):
-        for p in self.weights():
-            if "average" in self.state.get(p, {}):
-                self.state[p]["trained"] = p.clone()
-                p.copy_(self.state[p]["average"])
+        for group in self.param_groups:
+            for p in group["params"] if group["train_mode"] else []:
+                if "average" in self.state.get(p, {}):
+                    self.state[p]["trained"] = p.clone()
+                    p.copy_(self.state[p]["average"])
+            group["train_mode"] = False
 
     @torch.no_grad()
     def train(self):
-        for p in self.weights():
-            if "trained" in self.state.get(p, {}):
-                p.copy_(self.state[p].pop("trained"))
+        for group in self.param_groups:
+            for p in [] if group["train_mode"] else group["params"]:
+                if "trained" in self.state.get(p, {}):
+                    p.copy_(self.state[p].pop("trained"))
+            group["train_mode"] = True
 
 
 def make_averaged(groups, rate, settings, process_group, decay):
