@@ -286,8 +286,7 @@ class GPT(nn.Module):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
         new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings; a layer's at its active_fraction, as a mixture of
-        experts declares it: nanogpt.runtime)."""
+        formula nanoGPT and llm.c use (N less the lookup embeddings; a routed layer's at its active_fraction)."""
         T = seq_len or self.config.block_size
         counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
         if counted is not None:
