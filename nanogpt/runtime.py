@@ -134,7 +134,8 @@ def counted_flops_per_token(make_model, loss_of, seq_len):
         if f"{root}.{name}" in counts:
             return sum(counts[f"{root}.{name}"].values())
         return sum(forward_flops(f"{name}.{child}", inner) for child, inner in layer.named_children())
-    idle = sum((1 - layer.active_fraction) * 3 * forward_flops(name, layer) for name, layer in declared_fractions(model))
+    idle = sum((1 - layer.active_fraction) * 3 * forward_flops(name, layer)
+               for name, layer in declared_fractions(model))
     return (forward.get_total_flops() + backward.get_total_flops() - idle) / seq_len
 
 
