@@ -43,11 +43,11 @@ from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, Softc
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
 from nanogpt.loss_head import LOSS_IMPLS, linear_loss, logits_loss
-from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_role, matrices_with_adamw,
+from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, build_optimizer, groups_by_role,
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
-from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile,
+from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean, autocast_context, choose_compile,
                              counted_flops_per_token, peak_flops, pick_device, pick_dtype)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
@@ -286,13 +286,13 @@ class GPT(nn.Module):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
         new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings)."""
+        formula nanoGPT and llm.c use (N less the lookup embeddings; a routed layer's at its active_fraction)."""
         T = seq_len or self.config.block_size
         counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
         if counted is not None:
             return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
-        n = self.num_params() - sum(w.numel() for w in lookups)  # an embedding is a lookup, not a matmul (unless tied)
+        n = active_parameters(self) - sum(w.numel() for w in lookups)  # a lookup is no matmul (a tied head is)
         return 6 * n + 12 * self.config.n_layer * self.config.n_embd * T
 
     def hidden_states(self, idx, kv_cache=None):
@@ -357,9 +357,9 @@ class GPT(nn.Module):
     def configure_optimizers(self, settings, device_type, process_group=None, fused=None):
         # settings: an OptimizerSettings (nanogpt.optimizers), from the flags or a checkpoint. Decay the 2-D tensors
         # (matmul weights, embeddings); biases and LayerNorm gains stay undecayed. --optimizer's entry of
-        # MATRIX_OPTIMIZERS, if not AdamW, takes the weight matrices (parameters_by_role); AdamW the rest.
+        # MATRIX_OPTIMIZERS takes the weight matrices (parameters_by_role), AdamW the rest; or the whole model.
         roles = parameters_by_role(self)
-        matrices = roles.pop("matrix") if MATRIX_OPTIMIZERS[settings.optimizer].make else []
+        matrices = roles.pop("matrix") if MATRIX_OPTIMIZERS[settings.optimizer].takes == "matrices" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         if settings.rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters
             groups = groups_by_role(roles, settings.weight_decay, settings.max_lr, settings.rates, self.config.n_embd)
@@ -370,8 +370,8 @@ class GPT(nn.Module):
                       {"params": no_decay, "weight_decay": 0.0}]
         if fused is None:  # fused on GPUs; on a CPU the foreach AdamW, build-nanogpt's numbers
             fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        adamw = torch.optim.AdamW(groups, lr=settings.max_lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-        return matrices_with_adamw(matrices, adamw, settings, process_group)
+        adamw = functools.partial(torch.optim.AdamW, lr=settings.max_lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        return build_optimizer(settings, matrices, groups, adamw, process_group)
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -859,9 +859,9 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
         tokenizer = get_tokenizer() if args.sample_every else None
 
         for step in range(setup.start_step, args.max_steps):
-            # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model);
-            # a failure (a shard gone) first saves the last step's state, as in the step
-            with run.keeping_progress(step):
+            # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model, every
+            # rank with the weights to evaluate); a failure (a shard gone) first saves the last step's state
+            with run.keeping_progress(step), run.evaluation_weights(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
                                                world_size, batch_loss, args.batch_size)
@@ -973,7 +973,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, params, args, dtype, device_type, local_world_size)
-    arguments.check_optimizer_dtype(args.optimizer, dtype)
+    arguments.check_optimizer(args, dtype, lr_schedule)
     arguments.check_loss_impl(args.loss_impl, device_type)
     arguments.check_fp8(args.fp8, device)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):

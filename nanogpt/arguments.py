@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from nanogpt.cli import INT_MAX, UserError
 from nanogpt.config_fields import refuse_another_model
@@ -201,11 +201,14 @@ def fused_chunk_rows(rows, vocab_size, width):
 @dataclass(frozen=True)
 class ParameterCounts:
     """What the memory estimate reads of a model's parameters, counted on the built model (counted_parameters), so
-    that a new layer's weights and their optimizer state count without an edit here."""
+    that a new layer's weights and their optimizer state count without an edit here; and what its layers declare
+    they keep beyond the formula (a mixture of experts' routed rows: nanogpt.runtime says how a layer declares it)."""
     total: int  # every parameter: weights, gradients, AdamW's state
     matrices: int  # parameters_by_role's "matrix": the matrices' optimizer's (MATRIX_OPTIMIZERS' state bytes)
     linear_weights: int  # the nn.Linear layers' weights but the output head's: autocast's low-precision copies
     linear_biases: int  # and their biases, copied too
+    extra_activation_bytes: dict = field(default_factory=dict)  # {a: bytes per token} at a = 2 and 4 bytes an
+    # activation: the layers' extra_activation_bytes(a), summed
 
 
 def counted_parameters(model):
@@ -215,10 +218,22 @@ def counted_parameters(model):
     from nanogpt.optimizers import parameters_by_role
 
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
+    declaring = [m for m in model.modules() if hasattr(m, "extra_activation_bytes")]
     return ParameterCounts(total=sum(p.numel() for p in model.parameters()),
                            matrices=sum(p.numel() for p in parameters_by_role(model)["matrix"]),
                            linear_weights=sum(m.weight.numel() for m in linears),
-                           linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None))
+                           linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None),
+                           extra_activation_bytes={a: sum(m.extra_activation_bytes(a) for m in declaring)
+                                                   for a in (2, 4)})
+
+
+def mlp_kept_bytes(config, a):
+    """Per token, what one MLP of config keeps for backward, as peak_bytes_by_moment counts it at a bytes an activation:
+    its input as its linear layers read it (under autocast a copy each; in fp32 the norm's output, which they share)
+    and its hidden activations (SwiGLU's: both branches). A layer that runs several MLPs' worth (a mixture of
+    experts) declares the rest as its extra_activation_bytes (nanogpt.runtime)."""
+    readers = 2 if config.mlp_act == "swiglu" else 1
+    return (readers * a * config.n_embd if a < 4 else 4 * config.n_embd) + readers * 2 * a * config.mlp_hidden
 
 
 def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
@@ -238,9 +253,11 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     kv = kv_heads * D
     gpt2, gain = config.arch == "gpt2", config.arch == "llama"  # gain: an RMSNorm with a learned gain
     swiglu = config.mlp_act == "swiglu"
-    # weights, the gradients of the micro-steps before, the optimizers' state: the matrices' optimizer's
-    # (MATRIX_OPTIMIZERS) for the matrices, AdamW's two moments for the rest
-    state = MATRIX_OPTIMIZERS[optimizer].state_bytes * params.matrices + 8 * (params.total - params.matrices)
+    # weights, the gradients of the micro-steps before, the optimizers' state: --optimizer's (MATRIX_OPTIMIZERS) for
+    # what it takes (the matrices, or every parameter), AdamW's two moments for the rest
+    entry = MATRIX_OPTIMIZERS[optimizer]
+    taken = params.total if entry.takes == "model" else params.matrices
+    state = entry.state_bytes * taken + 8 * (params.total - taken)
     static = 8 * params.total + state
     # autocast's copies of the linear layers' weights and biases, cached through the forward pass; the weights'
     # are those backward needs
@@ -253,8 +270,8 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     # outputs as the linear layers read them (under autocast one copy per layer); attention's inputs, output and
     # logsumexp (flash attention keeps no T x T scores); the MLP's hidden activations.
     norm = 8 if gpt2 else 4 + (4 * C if gain else 0)
-    readers = (1 if gpt2 else 3) + (2 if swiglu else 1)
-    layer = 8 * C + 2 * norm + (readers * a * C if low else 8 * C) + (2 if swiglu else 1) * 2 * a * F + 4 * H
+    readers = 1 if gpt2 else 3  # attention's linear layers (the MLP's: mlp_kept_bytes)
+    layer = 8 * C + 2 * norm + (readers * a * C if low else 4 * C) + mlp_kept_bytes(config, a) + 4 * H
     if gpt2:  # q, k, v in one tensor; the output
         layer += 4 * a * C
     else:  # q and k rotated, v, the output; QK-norm's fp32 q and k (llama's gain: and x * rstd) and its rstd, and a
@@ -269,7 +286,9 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     if config.arch == "speedrun":
         tokens += 4 * C + 4 + (4 * C if config.x0_mix else 0)
     skips = 4 * C * ((L - 1 if config.x0_mix else 0) + (1 if config.unet_skips and L % 2 == 0 else 0))
-    kept = (4 * C * L if recompute else layer * L) + skips + n_value_embeds * (4 * kv if recompute else value_embed)
+    extra = params.extra_activation_bytes.get(a, 0)  # what the layers declare they keep beyond this count
+    kept = ((4 * C * L if recompute else layer * L + extra) + skips
+            + n_value_embeds * (4 * kv if recompute else value_embed))
     final = 4 * C + norm  # the last norm's input and statistics
     head_input = a * C if loss_impl == "plain" else 8 * C + (2 * C if low else 0)  # chunked: fp32, its gradient, a cast
     trunk = BT * (tokens + kept + final + head_input) + (0 if recompute else L * rotary)
@@ -322,7 +341,7 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
         # tied head's gradient waits for the embedding's until the end of backward. (What else its backward makes at
         # once depends on the order of the operations: this one is a low estimate.)
         moments["block backward"] = static + (saved_weights // L) + (4 * V * C if config.tie_embeddings else 0) + (
-            rotary + BT * (tokens + kept + layer + (2 if swiglu else 1) * a * F
+            rotary + BT * (tokens + kept + layer + extra // L + (2 if swiglu else 1) * a * F
                            + (value_embed if n_value_embeds else 0)))
     return moments
 
@@ -423,13 +442,38 @@ def widening_flags(args):
     return [f"--{name}" for name in ("vocab_size", "mlp_hidden") if name in args.explicit]
 
 
-def check_optimizer_dtype(optimizer, dtype):
-    """An --optimizer whose entry has no fp16 (Muon's) is refused in fp16: fp16's loss scaler is not wired to it."""
+# the kinds of learning-rate schedule an optimizer's entry may ask for (MatrixOptimizer.schedules), and the flags that
+# give each
+SCHEDULE_KINDS = {"cosine": "--lr_schedule cosine", "wsd": "--lr_schedule wsd",
+                  "held": "--lr_schedule wsd --warmdown_frac 0 (or --min_lr_frac 1)"}
+
+
+def schedule_kinds(schedule):
+    """The SCHEDULE_KINDS a run's learning-rate schedule (train_gpt2.LRSchedule) is: its shape, and "held" where the
+    rate at the last step is still the peak its warm-up reached (or a resume moved it to)."""
+    s = schedule.settings
+    peak = s["max_lr"] if schedule.start_lr is None else schedule.start_lr
+    return {s["lr_schedule"]} | ({"held"} if schedule(s["max_steps"] - 1) == peak else set())
+
+
+def check_optimizer(args, dtype, schedule):
+    """Refuse what --optimizer's entry of MATRIX_OPTIMIZERS says it cannot take: fp16 (its entry's fp16 off: the loss
+    scaler is not wired to it), a learning-rate schedule (train_gpt2.LRSchedule) not of its schedules, and
+    --fused_adamw where it takes the whole model and is not AdamW."""
     from nanogpt.optimizers import MATRIX_OPTIMIZERS
 
-    if dtype == "fp16" and not MATRIX_OPTIMIZERS[optimizer].fp16:
-        raise UserError(f"--optimizer {optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+    entry = MATRIX_OPTIMIZERS[args.optimizer]
+    if dtype == "fp16" and not entry.fp16:
+        raise UserError(f"--optimizer {args.optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
+    if entry.schedules and not set(entry.schedules) & schedule_kinds(schedule):
+        raise UserError(f"--optimizer {args.optimizer} trains with a {' or '.join(entry.schedules)} learning rate "
+                        f"only, and this run's is {schedule.describe()}; give "
+                        f"{' or '.join(SCHEDULE_KINDS[kind] for kind in entry.schedules)}")
+    if "fused_adamw" in args.explicit and entry.make and entry.takes == "model":
+        flag = "--fused_adamw" if args.fused_adamw else "--no_fused_adamw"
+        raise UserError(f"{flag} does nothing with --optimizer {args.optimizer}, which takes every parameter (no AdamW "
+                        "beside it); drop it")
 
 
 def check_loss_impl(loss_impl, device_type):

@@ -1,8 +1,9 @@
 """
-The optimizers: the parameters by role (parameters_by_role), the table of the weight matrices' optimizers
-(MATRIX_OPTIMIZERS: AdamW, Muon) from which configure_optimizers builds a run's, the one that is not AdamW stepped
-beside AdamW for the rest as one optimizer (MatricesWithAdamW), AdamW's groups by role, and the step skipped when
-the loss or the gradients are not finite (step_if_finite).
+The optimizers: the parameters by role (parameters_by_role), the table of the optimizers (MATRIX_OPTIMIZERS: AdamW,
+Muon; each entry says what it takes, the weight matrices beside AdamW or the whole model, and what it needs) from
+which configure_optimizers builds a run's (build_optimizer), a matrices' optimizer stepped beside AdamW for the rest as
+one optimizer (MatricesWithAdamW), AdamW's groups by role, and the step skipped when the loss or the gradients are not
+finite (step_if_finite).
 """
 
 import functools
@@ -51,6 +52,12 @@ class MatricesWithAdamW:
         self.matrices.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
+    def eval(self):  # the modes of a matrices' optimizer that has them (its entry's modes)
+        self.matrices.eval()
+
+    def train(self):
+        self.matrices.train()
+
     def state_dict(self):
         matrices = self.matrices.state_dict()
         for group in matrices["param_groups"]:  # a schedule's value computed on the device: saved as a number
@@ -91,24 +98,33 @@ def make_muon(groups, rate, settings, process_group):
 
 @dataclass(frozen=True)
 class MatrixOptimizer:
-    """An entry of MATRIX_OPTIMIZERS: the optimizer of the weight matrices (parameters_by_role's "matrix"); AdamW
-    takes the rest."""
-    make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's
+    """An entry of MATRIX_OPTIMIZERS, --optimizer's: the optimizer of the weight matrices (parameters_by_role's
+    "matrix"), AdamW taking the rest; or of the whole model (takes "model"). What it is and what it needs are read from
+    here by configure_optimizers (build_optimizer), the argument checks, the memory estimate and the run
+    (Run.evaluation_weights), never by its name."""
+    make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's.
+    # A whole model's: groups are AdamW's (decayed 2-D tensors, or the rates by role), rate --max_lr, no before_step
     name: str = "AdamW"  # in messages
     rate_flag: str = None  # the flag (one of flags) of the matrices' peak rate, which the schedule scales as it
-    # scales --max_lr; None: --max_lr
+    # scales --max_lr; None: --max_lr (a whole model's optimizer trains at --max_lr)
     usual_rate: float = None  # the rate_flag's usual size: its default, and in the message refusing one too large
     flags: tuple = ()  # its own flags, refused with another --optimizer ("does nothing")
-    state_bytes: int = 8  # its state per parameter (fp32): the memory estimate's
+    state_bytes: int = 8  # its state per parameter it takes (fp32): the memory estimate's
     shardable: bool = True  # whether --zero 1 / --fsdp can take it (ZeRO-1 shards one class; FSDP splits matrices)
     fp16: bool = True  # whether fp16's loss scaler is wired to it
     about: str = ""  # for --optimizer's help
+    takes: str = "matrices"  # "matrices": the weight matrices, AdamW (at --max_lr) the rest; "model": every parameter
+    schedules: tuple = None  # the learning-rate schedules it trains with, of arguments.SCHEDULE_KINDS ("held": a rate
+    # that stays at its peak after the warm-up, as schedule-free's needs), others refused; None: any
+    modes: bool = False  # it has modes, as schedule-free's torch optimizers: .eval() puts the weights to evaluate (an
+    # average) into the model and .train() the trained ones back, both kept in its state; every rank switches around
+    # the loop's evaluations and every checkpoint, which holds the weights to evaluate (Run.evaluation_weights)
 
 
-# --optimizer's choices. A new optimizer of the matrices is an entry here, its factory, and its flags in
-# train_gpt2.build_parser(); checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
+# --optimizer's choices. A new optimizer is an entry here, its factory, and its flags in train_gpt2.build_parser();
+# checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
 MATRIX_OPTIMIZERS = {
-    "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter"),
+    "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter", takes="model"),
     # Muon's usual rate 0.02: docs/recipes.md
     "muon": MatrixOptimizer(make_muon, "Muon", "muon_lr", 0.02, ("muon_lr", "muon_momentum_warmup"), state_bytes=4,
                             shardable=False, fp16=False,
@@ -134,6 +150,23 @@ class OptimizerSettings:
         name, max_lr = get("optimizer") or "adamw", get("max_lr")
         return cls(name, 1.0 if max_lr is None else max_lr, get("weight_decay") or 0.0, adamw_rates(args),
                    {flag: get(flag) for flag in MATRIX_OPTIMIZERS[name].flags})
+
+
+def build_optimizer(settings, matrices, groups, make_adamw, process_group=None):
+    """The optimizer of --optimizer (settings.optimizer, an entry of MATRIX_OPTIMIZERS), as its entry says: AdamW's
+    (make_adamw(groups)); a whole model's, over groups (AdamW's groups of every parameter); or a matrices' over
+    `matrices` (the weight matrices, left out of groups) stepped beside AdamW over groups."""
+    entry = MATRIX_OPTIMIZERS[settings.optimizer]
+    if entry.make is None:
+        return make_adamw(groups)
+    if entry.takes == "model":
+        optimizer, before_step = entry.make(groups, settings.max_lr, settings, process_group)
+        assert before_step is None, f"{entry.name}: a whole model's optimizer keeps its own schedule of settings"
+    else:
+        optimizer = matrices_with_adamw(matrices, make_adamw(groups), settings, process_group)
+    if entry.modes:  # in train mode from the start (schedule-free's torch optimizers start in eval mode)
+        optimizer.train()
+    return optimizer
 
 
 def matrices_with_adamw(matrices, adamw, settings, process_group=None):

@@ -17,8 +17,8 @@ from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
-from nanogpt.optimizers import rates_beside
-from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
+from nanogpt.optimizers import MATRIX_OPTIMIZERS, rates_beside
+from nanogpt.runlog import RunLog, number_lines, run_summary, step_line, step_scalars
 from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
                              local_peers, peer_gone, peer_gone_error)
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
@@ -39,6 +39,7 @@ class Run:
         self.log_file = RunLog(args if self.master else None)
         self.stop = StopFlag()
         self.step_times, self.bad_steps, self.val_loss = [], 0, None
+        self.modes, self.evaluating = False, False  # an optimizer with modes; in eval mode now (evaluation_weights)
 
     def __enter__(self):
         self.old_handlers, self.stuck_watch, self.saving = {}, None, False
@@ -69,6 +70,9 @@ class Run:
         self.optimizer_step, optimizer.step = optimizer.step, self.step_optimizer
         self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
+        self.modes = MATRIX_OPTIMIZERS[self.args.optimizer].modes
+        if self.modes and ckpt is not None:  # it holds the weights to evaluate: the trained ones back, as after a save
+            optimizer.train()
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
         check_schedule(self.args, self.master)
@@ -84,11 +88,36 @@ class Run:
         """Whether something done every `every` steps (0: never) is due at this step; the last step always."""
         return bool(every) and (step % every == 0 or step == self.args.max_steps - 1)
 
+    def evaluation_due(self, step):
+        """Whether one of the loop's evaluations (its *_every flags but --save_every) is due at this step."""
+        return any(self.due(step, every) for name, every in vars(self.args).items()
+                   if name.endswith("_every") and name != "save_every")
+
+    @contextmanager
+    def evaluation_weights(self, step=None):
+        """The weights to evaluate in the model for the block inside: where --optimizer's entry has modes (an average
+        of the weights, as schedule-free's and an EMA's), the optimizer is put in eval mode and back in train mode
+        after; around the loop's evaluations (when one is due at `step`) and every checkpoint's state, which so holds
+        the weights that hellaswag.py, evaluate.py and generate_tokens.py should load, and resumes exactly: a resume
+        (start()) switches back to train mode as the saving run did after the save. Every rank enters it, outside any
+        rank-0 branch (sampling's): a rank that did not switch would evaluate, or go on training, other weights. Inside
+        it again: nothing more."""
+        if not self.modes or self.evaluating or (step is not None and not self.evaluation_due(step)):
+            yield
+            return
+        self.optimizer.eval()
+        self.evaluating = True
+        try:
+            yield
+        finally:
+            self.evaluating = False
+            self.optimizer.train()
+
     def log(self, step, line, scalars, text):
         """An evaluation's result: `text` on the console, `<step> <line>` in log.txt, the scalars to the trackers."""
         self.val_loss = scalars.get("val/loss", self.val_loss)  # the summary's
         self.say(text)
-        self.rank0.do(self.log_file.record, step, line, scalars)
+        self.rank0.do(self.log_file.record, step, [line], scalars)
 
     @contextmanager
     def keeping_progress(self, step, attempt=None):
@@ -162,14 +191,16 @@ class Run:
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite, numbers=None):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health.
-        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers."""
+        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers and
+        log.txt (`<step> <name> <value>`, after the step's own line)."""
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
         others = rates_beside(self.optimizer)  # the matrices' optimizer's (Muon's), beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
-        self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
+        self.rank0.do(self.log_file.record, step, [f"{'train' if finite else 'skipped'} {loss:.6f}",
+                                                   *number_lines(numbers or {})],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
                                    numbers))
         self.bad_steps = 0 if finite else self.bad_steps + 1
@@ -200,12 +231,12 @@ class Run:
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             self.stop_if_broken(step, not weights_finite(self.model))  # no checkpoint holds weights that broke
-            # under --zero 1 / --fsdp every rank takes part in gathering the state
-            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
-                                                                             self.fsdp, self.master),
-                                                f"gathering the state of step {step} for its checkpoint")
-            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
-            del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
+            with self.evaluation_weights():  # (every rank: under --zero 1 / --fsdp each takes part in gathering)
+                gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
+                                                                                 self.fsdp, self.master),
+                                                    f"gathering the state of step {step} for its checkpoint")
+                self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
+                del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
             if self.ddp:
                 self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
         if stop_now:
@@ -215,15 +246,17 @@ class Run:
 
     def save(self, step, loader_state, tokens_seen, gathered=None):
         """Rank 0: the checkpoint of the state after `step` (gathered: gathered_state_dicts' model and optimizer
-        state under --zero 1 / --fsdp), then --keep_checkpoints' pruning. Returns its path."""
-        model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
-                                                                           self.optimizer.state_dict())
+        state under --zero 1 / --fsdp), with the weights to evaluate (evaluation_weights: checkpoint()'s on every rank;
+        a save as a failing run stops, rank 0's alone), then --keep_checkpoints' pruning. Returns its path."""
         path = checkpoint_path(self.args.log_dir, step)
         self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
         try:  # (the state is copied to the host as it is written)
-            self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
-                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
-                self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
+            with self.evaluation_weights():
+                model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
+                                                                                   self.optimizer.state_dict())
+                self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
+                    model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
+                    self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
         finally:
             self.saving = False
         if self.args.keep_checkpoints:

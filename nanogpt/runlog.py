@@ -135,13 +135,13 @@ class RunLog:
                 raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
                                 "or set WANDB_MODE=offline to log on this machine only") from None
 
-    def record(self, step, line, scalars):
-        """`<step> <line>` into log.txt, the scalars to the trackers."""
+    def record(self, step, lines, scalars):
+        """`<step> <line>` into log.txt for each of lines (`<kind> <value>` each), the scalars to the trackers."""
         if self.path is None:
             return
         try:
             with open(self.path, "a") as f:
-                f.write(f"{step} {line}\n")
+                f.write("".join(f"{step} {line}\n" for line in lines))
         except OSError as e:
             raise UserError(f"cannot append to {self.path} ({e.strerror or e}); "
                             f"{disk_advice(e)}pick another --log_dir") from None
@@ -223,6 +223,21 @@ def step_line(step, max_steps, loss, lr, norm, dt, tokens, flops_per_token, peak
             f"dt {dt * 1000:.2f}ms | tok/sec {tokens_per_sec:.0f} | mfu {mfu} | eta {format_seconds(eta)}"
             + (f" | batch {tokens} tokens" if ramping else "")
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
+
+
+# log.txt's kinds of build-nanogpt's lines and this program's evaluations: no number of batch_loss may take them
+OWN_KINDS = ("train", "skipped", "val", "hella", "core")
+
+
+def number_lines(numbers):
+    """log.txt's lines (`<name> <value>`) of the numbers batch_loss logs beside the loss ({name: value}); a name that is
+    not one word of ASCII letters, digits and _ (log.txt's lines are split at spaces), or is one of log.txt's own
+    kinds, is a ValueError naming it."""
+    for name in numbers:
+        if not (name.isascii() and name.isidentifier()) or name in OWN_KINDS:
+            raise ValueError(f"batch_loss logs a number named {name!r}: log.txt needs a name of ASCII letters, digits "
+                             f"and _ that is none of {', '.join(OWN_KINDS)}")
+    return [f"{name} {value:.6g}" for name, value in numbers.items()]
 
 
 def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None):

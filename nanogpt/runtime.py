@@ -64,23 +64,92 @@ def peak_flops(device):
     return None
 
 
-def counted_flops_per_token(make_model, loss_of, seq_len):
-    """The FLOPs per token of a training step's matrix multiplications (torch.utils.flop_counter's count of mm,
-    bmm and attention), for MFU: loss_of(model, x, y)'s forward and backward over one sequence of seq_len tokens,
-    run on the meta device (shapes only: no memory, no arithmetic) by the model make_model() builds there. None
-    where that model cannot run on the meta device (an operation whose output shape depends on the values)."""
-    from torch.utils.flop_counter import FlopCounterMode
+# What a layer (an nn.Module of the model) whose cost depends on the values declares, for MFU and the memory estimate:
+# - active_fraction (an attribute): the share of its parameters, and of its matrix multiplications' FLOPs, that one
+#   token goes through: a mixture of experts' top-k of E experts declares k / E on its experts (a ModuleList does);
+# - extra_activation_bytes(a) (a method): the bytes per token it keeps for backward beyond what the memory estimate's
+#   formula counts for the model's config (nanogpt.arguments.peak_bytes_by_moment; mlp_kept_bytes is its count of one
+#   MLP), at a bytes an activation (2 under autocast, 4 in fp32).
+# A layer that cannot run on the meta device and declares no active_fraction is named by uncounted_layer.
 
+
+def declared_fractions(model):
+    """[(name, layer)] of model's layers that declare an active_fraction, the outermost of nested ones."""
+    found = []
+    for name, module in model.named_modules():
+        if hasattr(module, "active_fraction") and not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    return found
+
+
+def active_parameters(model):
+    """model's parameters, each counted at the active_fraction of the layer that declares one around it."""
+    fraction = {id(p): layer.active_fraction for _, layer in declared_fractions(model) for p in layer.parameters()}
+    return sum(p.numel() * fraction.get(id(p), 1) for p in model.parameters())
+
+
+def meta_step(make_model, loss_of, seq_len, counters=(None, None)):
+    """loss_of(model, x, y)'s forward and backward over one sequence of seq_len tokens, on the meta device (shapes
+    only: no memory, no arithmetic), by the model make_model() builds there, each under its counter (a
+    FlopCounterMode, or None). Returns (model, None), or where it cannot run (an operation whose output's shape depends
+    on the values) (model, [the layers running when it failed, outermost first])."""
+    model, running = None, []
+
+    def leave(module, args, out):  # (a forward hook's return value would replace the output)
+        running.pop()
+    push = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: running.append(module))
+    pop = torch.nn.modules.module.register_module_forward_hook(leave)
     try:
         with torch.device("meta"):
             model = make_model()
             x = torch.zeros((1, seq_len), dtype=torch.long)
-            with FlopCounterMode(display=False) as counter:
+            with counters[0] or nullcontext():
                 loss, _ = loss_of(model, x, x)
+            with counters[1] or nullcontext():
                 loss.backward()
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return model, running or [model]  # (none running: in backward, or in building it)
+    finally:
+        push.remove()
+        pop.remove()
+    return model, None
+
+
+def counted_flops_per_token(make_model, loss_of, seq_len):
+    """The FLOPs per token of a training step's matrix multiplications (torch.utils.flop_counter's count of mm,
+    bmm and attention), for MFU: meta_step's (loss_of's forward and backward on the meta device), each layer that
+    declares an active_fraction counted at that share of its own FLOPs: three times its forward's, a matrix
+    multiplication's backward being twice its forward (the counter's share of the backward by layer is not reliable:
+    experts that read one input share its gradient); a layer never called, as a ModuleList of experts: its layers'.
+    None where the model cannot run on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    model, failed = meta_step(make_model, loss_of, seq_len, (forward, backward))
+    if failed is not None:
         return None
-    return counter.get_total_flops() / seq_len
+    counts, root = forward.get_flop_counts(), type(model).__name__
+
+    def forward_flops(name, layer):
+        if f"{root}.{name}" in counts:
+            return sum(counts[f"{root}.{name}"].values())
+        return sum(forward_flops(f"{name}.{child}", inner) for child, inner in layer.named_children())
+    idle = sum((1 - layer.active_fraction) * 3 * forward_flops(name, layer)
+               for name, layer in declared_fractions(model))
+    return (forward.get_total_flops() + backward.get_total_flops() - idle) / seq_len
+
+
+def uncounted_layer(make_model, loss_of, seq_len):
+    """The layer whose cost MFU's FLOPs cannot know, as "name (class)": the innermost one running where the model
+    cannot run on the meta device (meta_step), when neither it, a layer around it nor one inside it declares an
+    active_fraction (the formula would count all of its parameters: every expert of a mixture); else None."""
+    _, failed = meta_step(make_model, loss_of, seq_len)
+    if failed is None or failed[-1] is None:  # (None: make_model's own error, which building the model raises)
+        return None
+    if any(hasattr(layer, "active_fraction") for layer in [*failed, *failed[-1].modules()]):
+        return None
+    names = {id(layer): name for name, layer in failed[0].named_modules()}
+    return f"{names[id(failed[-1])] or 'the model'} ({type(failed[-1]).__name__})"
 
 
 def compile_by_default(device_type):
