@@ -1213,7 +1213,8 @@ def main(argv=None):
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master,
                                             functools.partial(check_resumable, config_class=GPTConfig, make_model=make_gpt))
         if ckpt is not None:
-            saved_args, saved_config = arguments.saved_arguments(ckpt), checkpoint_config(ckpt, ckpt_path, GPTConfig)
+            saved_args = arguments.saved_arguments(ckpt, build_parser())  # (a flag it predates: the default)
+            saved_config = checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
             arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES)
         else:

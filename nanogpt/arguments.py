@@ -32,9 +32,16 @@ FIXED_ARGS = ("model", "recipe", "optimizer", "embed_lr", "head_lr", "scalar_lr"
 FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
 
 
-def saved_arguments(ckpt):
-    """A training checkpoint's arguments, with the value each flag added since it was written had then."""
-    return {**FLAGS_BEFORE, **ckpt.get("args", {})}
+def saved_arguments(ckpt, parser=None):
+    """A training checkpoint's arguments, with the value each flag added since it was written had then: FLAGS_BEFORE's,
+    else (given the parser) the flag's default, which is what a run ran as before the flag existed."""
+    defaults = vars(parser.parse_args([])) if parser else {}
+    return {**defaults, **FLAGS_BEFORE, **ckpt.get("args", {})}
+
+
+def shown(value):
+    """A flag's value in a message: None (a flag left unset, whose default decides) in words."""
+    return "unset (the default)" if value is None else value
 
 
 def check_args(args, run_presets):
@@ -498,9 +505,10 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
         if name in FIXED_ARGS:
-            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; {again}")
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {shown(saved_args[name])}; "
+                            f"{again}")
         if master:
-            print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")
+            print(f"--resume: --{name} changes from {shown(saved_args[name])} to {shown(getattr(args, name))}")
     return args
 
 

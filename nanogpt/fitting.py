@@ -79,12 +79,13 @@ def batch_ramp(args, world_size, ckpt):
     the run starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every
     smaller one it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key
     "ramp"), so that --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint
-    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step.
-    {}: no warm-up."""
+    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. A
+    --batch_size_start a resume gives is the ramp's start from there. {}: no warm-up."""
     if not args.batch_size_warmup_tokens:
         return {}
     if ckpt is not None:
-        return ckpt.get("ramp", {"start": args.batch_size_start})
+        ramp = ckpt.get("ramp", {"start": args.batch_size_start})
+        return {**ramp, "start": args.batch_size_start or ramp.get("start")}
     unit = args.batch_size * args.seq_len * world_size
     return {"start": args.batch_size_start or unit, "unit": unit}
 
