@@ -297,12 +297,28 @@ def test_too_many_bad_steps_stop_and_name_the_last_good_checkpoint(shards, tmp_p
     log_dir = str(tmp_path / "log")
     poison_forward(monkeypatch, bad_calls=set(range(4, 1000)))
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with pytest.raises(train_gpt2.UserError, match=r"3 non-finite steps in a row .*model_00003\.pt"):
+    with pytest.raises(train_gpt2.UserError, match=r"3 non-finite steps in a row .*model_00004\.pt"):
         train(shards, log_dir, "--max_steps", "20", "--eval_every", "0", "--save_every", "2", "--max_bad_steps", "3")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # Ctrl-C works again
-    # the checkpoint written during the skipped steps holds the weights of the last good update
-    w1, w3 = (load_weights(os.path.join(log_dir, f"model_0000{s}.pt")) for s in (1, 3))
-    assert max_weight_diff(w1, w3) == 0
+    # the checkpoints written during the skipped steps and at the stop hold the weights of the last good update
+    w1, w3, w4 = (load_weights(os.path.join(log_dir, f"model_0000{s}.pt")) for s in (1, 3, 4))
+    assert max_weight_diff(w1, w3) == 0 and max_weight_diff(w1, w4) == 0
+
+
+def test_too_many_bad_steps_save_the_last_good_state_before_stopping(shards, tmp_path, monkeypatch):
+    """No --save_every checkpoint in reach: the stop saves the state after the last good update (the skipped steps
+    changed nothing), which a resume continues from; compared with a run of the good steps alone."""
+    good, log_dir = str(tmp_path / "good"), str(tmp_path / "log")
+    train(shards, good, "--max_steps", "2", "--eval_every", "0")
+    poison_forward(monkeypatch, bad_calls=set(range(4, 1000)))  # 2 micro-steps a step: step 2 on
+    with pytest.raises(train_gpt2.UserError, match=r"^1 non-finite step in a row at step 2; .*saved .*model_00002\.pt"):
+        train(shards, log_dir, "--max_steps", "20", "--eval_every", "0", "--save_every", "0", "--max_bad_steps", "1")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00002.pt"]
+    assert max_weight_diff(load_weights(os.path.join(good, "model_00001.pt")),
+                           load_weights(os.path.join(log_dir, "model_00002.pt"))) == 0
+    monkeypatch.undo()
+    train_gpt2.main(["--log_dir", log_dir, "--resume", "--max_steps", "4"])
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 3]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 0.0])
@@ -334,14 +350,17 @@ def break_a_weight_at_step_2(monkeypatch, breaks):
     monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
 
 
-def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monkeypatch):
+@pytest.mark.parametrize("optimizer, rates", [("adamw", "--max_lr$"), ("muon", "--muon_lr or --max_lr$")])
+def test_an_update_that_breaks_the_weights_stops_the_run(optimizer, rates, shards, tmp_path, monkeypatch):
     # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at the next
-    # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it
+    # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it; the
+    # message names the run's rates (Muon's matrices train at --muon_lr)
     log_dir = str(tmp_path / "log")
     break_a_weight_at_step_2(monkeypatch, lambda adamw: adamw.param_groups[0]["params"][-1].view(-1)[0].fill_(
         float("inf")))
-    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
-        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2")
+    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt; "
+                                                   rf"lower {rates}"):
+        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2", "--optimizer", optimizer)
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
 
 
