@@ -278,13 +278,13 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self, seq_len=None):
+    def flops_per_token(self, seq_len=None, say=None):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
-        new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings)."""
+        new layer counts as it computes. Where the model cannot run on the meta device (said by say): 6N + 12·L·H·Q·T,
+        the formula nanoGPT and llm.c use (N less the lookup embeddings)."""
         T = seq_len or self.config.block_size
-        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
+        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T, say)
         if counted is not None:
             return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
@@ -1023,7 +1023,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
-              flops_per_token=peak and raw_model.flops_per_token(args.seq_len),  # (counted where MFU is shown)
+              flops_per_token=peak and raw_model.flops_per_token(args.seq_len, run.say),  # (where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
