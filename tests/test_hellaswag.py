@@ -301,6 +301,11 @@ def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 4}', "'label' must be 0, 1, 2 or 3"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"]}', "'label'"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}', "'label' must be"),  # a digit int() refuses
+    # what cannot be scored: an ending with no text (a loss over no tokens, 0, would win), no context
+    ('{"ctx": "x", "endings": ["a", "", "c", "d"], "label": 0}', "ending 2 is empty"),
+    ('{"ctx": "x", "endings": ["a", "b", "c", " "], "label": 0}', "ending 4 is empty"),
+    ('{"ctx": "x", "endings": ["", "", "", ""], "label": 0}', "ending 1 is empty"),
+    ('{"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}', "'ctx' is empty"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, line, needle):
     path = str(tmp_path / "bad.jsonl")
