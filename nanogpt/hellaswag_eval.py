@@ -7,6 +7,7 @@ forward pass; evaluate() and the training loop's hellaswag_scorer() over it. hel
     python hellaswag.py --checkpoint log/model_19072.pt
 """
 
+import functools
 import json
 import os
 import re
@@ -171,11 +172,13 @@ def render(example, enc, style="nanogpt"):
                             "lm-evaluation-harness's cleanup, so --style harness cannot score it; use --style nanogpt "
                             "or leave the example out")
         # the harness moves trailing spaces of the context onto the continuation, encodes context +
-        # continuation as one string and keeps the tokens after the context's
+        # continuation as one string and keeps the tokens after the context's; its (transformers') tokenizer reads a
+        # literal <|endoftext|> in the text as the special token, and so does this style
         stripped = query.rstrip()
         query, spaces = stripped, query[len(stripped):]
-        ctx = enc.encode_ordinary(query)
-        endings = [enc.encode_ordinary(query + spaces + " " + c)[len(ctx):] for c in choices]
+        encode = functools.partial(enc.encode, allowed_special={"<|endoftext|>"})
+        ctx = encode(query)
+        endings = [encode(query + spaces + " " + c)[len(ctx):] for c in choices]
         norms = [len(c) for c in choices]
     else:
         raise UserError(f"--style {style!r}: expected one of {', '.join(STYLES)}")
