@@ -341,6 +341,19 @@ def run_estimated_bytes(config, params, args, batch_size, dtype, device_type, sh
     return estimate - 16 * params.total * (shards - 1) // shards + 2 * 8 * block
 
 
+# What a CPU training process comes to hold beyond the tensors of the estimate once it trains: the parts of torch's
+# libraries its first forward and backward page in, the blocks the allocator keeps after freeing them, the threads'
+# buffers. Its resident peak was 82-253 MB above (its resident memory at the check + the estimate) on --model tiny's
+# shapes (1 and 2 threads, 2 cores); this is 1.5x the most.
+CPU_PROCESS_MARGIN = 384 * 2**20
+
+
+def cpu_process_bytes(estimate):
+    """The memory a CPU training process needs beyond what it holds at the check (which the memory available already
+    leaves out), where its tensors peak at estimate bytes: check_memory's need, and --batch_size auto's on a CPU."""
+    return estimate + CPU_PROCESS_MARGIN
+
+
 GPU_CONTEXT_BYTES = 2**30  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
 GPU_FRAGMENTATION = 0.10  # the caching allocator's reserved memory over its allocated, as a share of the peak
 
@@ -423,9 +436,9 @@ def check_optimizer_dtype(optimizer, dtype):
 
 def check_memory(config, params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
-    Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.) config is model_config's, --init_from's shape included;
-    params its model's ParameterCounts."""
+    Every model is built in main memory first; on a CPU it also trains there, and needs its tensors' estimate and
+    CPU_PROCESS_MARGIN more than it holds now. (A GPU's out-of-memory is an error the loop turns into one line.)
+    config is model_config's, --init_from's shape included; params its model's ParameterCounts."""
     have = available_memory_bytes()
     if have is None:
         return
@@ -436,13 +449,15 @@ def check_memory(config, params, args, dtype, device_type, local_world_size):
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type) * local_world_size
+    need = cpu_process_bytes(run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type)) * (
+        local_world_size)
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
-                        + (f"a smaller {wide}" if wide else "--model tiny" if args.init_from == "scratch" else smaller))
+                        + (f"a smaller {wide}" if wide else smaller if args.init_from != "scratch"
+                           else "a smaller --n_layer/--n_embd" if args.model == "tiny" else "--model tiny"))
 
 
 def check_scoring_context(block_size, what, fix):

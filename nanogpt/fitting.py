@@ -43,7 +43,7 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
     out-of-memory the kernel answers by killing the process, the largest whose estimated memory
-    (arguments.run_estimated_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
+    (arguments.run_estimated_bytes, with the process's margin: cpu_process_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
     collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
     sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
@@ -53,7 +53,7 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     fits = None
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
         def fits(b):
-            return estimate(b) * local_world_size <= have
+            return arguments.cpu_process_bytes(estimate(b)) * local_world_size <= have
     elif device_type == "cuda" and args.fsdp and world_size > 1:
         free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
 
