@@ -147,9 +147,10 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         release_memory(self.device_type)
         step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
+        shard = ("shard it across GPUs with --zero 1 or --fsdp (torchrun), or" if MATRIX_OPTIMIZERS[self.args.optimizer]
+                 .shardable else f"--optimizer {self.args.optimizer} cannot be sharded (--zero 1, --fsdp), so")
         where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
-                 "optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller "
-                 f"--model{wide}")
+                 f"optimizer's state: {shard} pick a smaller --model{wide}")
         newest = find_checkpoints(self.args.log_dir)
         if not untouched:
             raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "

@@ -286,6 +286,16 @@ def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_pa
             assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
 
 
+def test_out_of_memory_in_muons_step_offers_no_sharding(tmp_path, monkeypatch, capsys):
+    """Under --optimizer muon, which --zero 1 and --fsdp refuse, the line names a smaller --model only."""
+    data = make_shards(str(tmp_path / "data"))
+    monkeypatch.setattr(torch.optim.AdamW, "step", failing_optimizer_step(2, False))  # (Muon steps AdamW beside it)
+    code, _, err = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), "--optimizer", "muon")
+    assert_cli_error((code, _, err), "out of memory in the optimizer's step at step 1", "cannot be sharded",
+                     "pick a smaller --model")
+    assert "--zero 1 or --fsdp (torchrun)" not in err
+
+
 def failing_save(calls):
     """torch.save that writes a few bytes and raises torch.OutOfMemoryError at these calls (counting from 1), as one
     that ran out of memory copying the state to the host would; the others save."""
