@@ -15,7 +15,7 @@ import torch
 
 from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
-from nanogpt.cli import UserError
+from nanogpt.cli import ReportedByRankZero, UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
 from nanogpt.optimizers import MATRIX_OPTIMIZERS, rates_beside
 from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
@@ -184,14 +184,16 @@ class Run:
         first the state they left, the last good update's (a skipped step changes nothing; its data is passed)."""
         if not weights_broken and self.bad_steps < self.args.max_bad_steps:
             return
+        # every rank stops here alike (the ranks agree on the loss, the norm and the weights): rank 0 says why
+        said = UserError if self.master else ReportedByRankZero
         if weights_broken:
             last_good = find_checkpoints(self.args.log_dir)
-            raise UserError(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
+            raise said(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
                             f"was saved after it); last good checkpoint: {last_good[0] if last_good else 'none'}; "
                             f"lower {rate_flags(self.args)}")
         path = self.save_on_every_rank(step, self.tokens_seen)
         steps = f"{self.bad_steps} non-finite step{'s' if self.bad_steps != 1 else ''}"
-        raise UserError(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after "
+        raise said(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after "
                         f"the last good update is saved in {path}; lower {rate_flags(self.args)} or check the data, then "
                         "--resume")
 

@@ -321,6 +321,18 @@ def test_too_many_bad_steps_save_the_last_good_state_before_stopping(shards, tmp
     assert sorted(read_log(log_dir)["train"]) == [0, 1, 3]
 
 
+def test_a_stop_for_non_finite_steps_under_torchrun_is_said_once(tmp_path):
+    """Every rank stops at the same step (they agree on the loss and the norm): one line says why, not one a rank.
+    A rate of 1000 makes the loss non-finite within a few steps."""
+    data = make_shards(str(tmp_path / "data"))
+    result = torchrun(2, *TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "30",
+                      "--eval_every", "0", "--warmup_steps", "0", "--max_lr", "1000", "--max_bad_steps", "2",
+                      "--total_batch_size", "256")
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and ("non-finite step" in said[0] or "NaN or inf" in said[0]), result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 0.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_weights_health_check_finds_every_non_finite_value(value, dtype):
