@@ -172,7 +172,7 @@ class Run:
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
         self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
-                                   numbers))
+                                   numbers, finite))
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())

@@ -293,6 +293,23 @@ def test_non_finite_step_is_skipped(shards, tmp_path, monkeypatch):
     assert max_weight_diff(w2, w3) > 0 and all(torch.isfinite(v).all() for v in w3.values())
 
 
+def test_a_skipped_step_is_said_so_in_tensorboard(shards, tmp_path, monkeypatch):
+    """TensorBoard has the skipped step as log.txt has it: train/skipped 1 and its loss apart (train/skipped_loss),
+    train/loss holding the steps applied (not a NaN with nothing beside it)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    poison_forward(monkeypatch, bad_calls={4})  # step 2's first micro-step
+    board = str(tmp_path / "tb")
+    train(shards, str(tmp_path / "log"), "--max_steps", "4", "--eval_every", "0", "--tensorboard", board,
+          "--tensorboard_run", "run")
+    events = EventAccumulator(os.path.join(board, "run"))
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    assert sorted(scalars["train/loss"]) == [0, 1, 3] and all(map(np.isfinite, scalars["train/loss"].values()))
+    assert scalars["train/skipped"] == {2: 1.0} and list(scalars["train/skipped_loss"]) == [2]
+
+
 def test_too_many_bad_steps_stop_and_name_the_last_good_checkpoint(shards, tmp_path, monkeypatch):
     log_dir = str(tmp_path / "log")
     poison_forward(monkeypatch, bad_calls=set(range(4, 1000)))
