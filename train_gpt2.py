@@ -46,7 +46,7 @@ from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile,
-                             counted_flops_per_token, peak_flops, pick_device, pick_dtype)
+                             counted_flops_per_token, peak_flops, pick_device, pick_dtype, waiting_for_peers_said)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
@@ -820,15 +820,15 @@ def setup_distributed(device_arg):
     arguments.check_torchrun_environment(os.environ)  # (hellaswag.py's and evaluate.py's first check of it)
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     kind = pick_device(device_arg).split(":")[0]
-    if kind == "cuda":
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl", device_id=torch.device(device))
-    elif kind == "cpu":
-        device = "cpu"
-        dist.init_process_group(backend="gloo")
-    else:
+    if kind not in ("cuda", "cpu"):
         raise UserError(f"DDP needs cuda or cpu devices, not {kind}")
+    device = f"cuda:{local_rank}" if kind == "cuda" else "cpu"
+    with waiting_for_peers_said(os.environ):  # every process of WORLD_SIZE joins; a long wait is said
+        if kind == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=torch.device(device))
+        else:
+            dist.init_process_group(backend="gloo")
     return True, rank, local_rank, world_size, device
 
 

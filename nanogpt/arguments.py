@@ -520,8 +520,8 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
         if name in FIXED_ARGS:
-            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {shown(saved_args[name])}; "
-                            f"{again}")
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's "
+                            f"{shown(saved_args[name])}; {again}")
         if master:
             print(f"--resume: --{name} changes from {shown(saved_args[name])} to {shown(getattr(args, name))}")
     return args

@@ -43,9 +43,9 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
     out-of-memory the kernel answers by killing the process, the largest whose estimated memory
-    (arguments.run_estimated_bytes, with the process's margin: cpu_process_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
-    collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
-    sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
+    (arguments.run_estimated_bytes, with the process's margin: cpu_process_bytes) is available; under --fsdp on a
+    GPU, which takes no trial (a sharded step's collectives cannot be tried one process at a time), the largest whose
+    estimate, its weights and their state sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     estimate = functools.partial(arguments.run_estimated_bytes, config, params, args, dtype=dtype,

@@ -189,13 +189,13 @@ class Run:
         if weights_broken:
             last_good = find_checkpoints(self.args.log_dir)
             raise said(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
-                            f"was saved after it); last good checkpoint: {last_good[0] if last_good else 'none'}; "
-                            f"lower {rate_flags(self.args)}")
+                       f"was saved after it); last good checkpoint: {last_good[0] if last_good else 'none'}; "
+                       f"lower {rate_flags(self.args)}")
         path = self.save_on_every_rank(step, self.tokens_seen)
         steps = f"{self.bad_steps} non-finite step{'s' if self.bad_steps != 1 else ''}"
-        raise said(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after "
-                        f"the last good update is saved in {path}; lower {rate_flags(self.args)} or check the data, then "
-                        "--resume")
+        raise said(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after the "
+                   f"last good update is saved in {path}; lower {rate_flags(self.args)} or check the data, then "
+                   "--resume")
 
     def saved_at(self, step):
         """Whether --save_every checkpoints the state after this step."""

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
@@ -252,6 +253,26 @@ def peer_gone_message(reason, log_dir):
     resume = (f"`--resume` continues from {newest[0]}" if newest
               else "it wrote no checkpoint yet, so the run starts over")
     return f"another process of this run ended ({reason}), so this one stopped too; {resume}"
+
+
+PEERS_AWAITED_S = 10  # joining the process group takes a moment; waiting longer than this is said
+
+
+@contextmanager
+def waiting_for_peers_said(environ, after_s=PEERS_AWAITED_S):
+    """Around joining the process group, which waits (up to its timeout: 30 minutes for gloo, 10 for NCCL) until
+    every process of WORLD_SIZE has joined at MASTER_ADDR:MASTER_PORT: a process still waiting after after_s
+    seconds says on stderr what for (a process started by hand, or by a launcher, whose peers never came)."""
+    line = (f"rank {environ['RANK']} is waiting for the run's other processes ({environ['WORLD_SIZE']} in all, "
+            f"WORLD_SIZE) to join at {environ['MASTER_ADDR']}:{environ['MASTER_PORT']} (MASTER_ADDR:MASTER_PORT): "
+            "start them (torchrun starts them all: docs/scale.md), or stop this one with Ctrl-C")
+    timer = threading.Timer(after_s, lambda: print(line, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def speaks_for_its_machine(rank):

@@ -122,7 +122,8 @@ def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_
             arguments.check_memory(config, params, args, "fp32", "cpu", 1)
 
 
-@pytest.mark.parametrize("model, fix", [("d12", "or use --model tiny"), ("tiny", "or use a smaller --n_layer/--n_embd")])
+@pytest.mark.parametrize("model, fix", [("d12", "or use --model tiny"),
+                                        ("tiny", "or use a smaller --n_layer/--n_embd")])
 def test_the_refusal_offers_a_smaller_model_than_the_runs(model, fix, monkeypatch):
     """--model tiny is offered to a run that does not have it; a tiny run is told to shrink its shape."""
     import train_gpt2
