@@ -48,7 +48,7 @@ from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, build_opti
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean, autocast_context, choose_compile,
-                             counted_flops_per_token, peak_flops, pick_device, pick_dtype)
+                             counted_flops_per_token, peak_flops, pick_device, pick_dtype, waiting_for_peers_said)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
@@ -282,13 +282,13 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self, seq_len=None):
+    def flops_per_token(self, seq_len=None, say=None):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
-        new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings; a routed layer's at its active_fraction)."""
+        new layer counts as it computes. Where the model cannot run on the meta device (said by say): 6N + 12·L·H·Q·T,
+        the formula nanoGPT and llm.c use (N less the lookup embeddings; a routed layer's at its active_fraction)."""
         T = seq_len or self.config.block_size
-        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
+        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T, say)
         if counted is not None:
             return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
@@ -830,15 +830,15 @@ def setup_distributed(device_arg):
     arguments.check_torchrun_environment(os.environ)  # (hellaswag.py's and evaluate.py's first check of it)
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     kind = pick_device(device_arg).split(":")[0]
-    if kind == "cuda":
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl", device_id=torch.device(device))
-    elif kind == "cpu":
-        device = "cpu"
-        dist.init_process_group(backend="gloo")
-    else:
+    if kind not in ("cuda", "cpu"):
         raise UserError(f"DDP needs cuda or cpu devices, not {kind}")
+    device = f"cuda:{local_rank}" if kind == "cuda" else "cpu"
+    with waiting_for_peers_said(os.environ):  # every process of WORLD_SIZE joins; a long wait is said
+        if kind == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=torch.device(device))
+        else:
+            dist.init_process_group(backend="gloo")
     return True, rank, local_rank, world_size, device
 
 
@@ -1039,7 +1039,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
-              flops_per_token=peak and raw_model.flops_per_token(args.seq_len),  # (counted where MFU is shown)
+              flops_per_token=peak and raw_model.flops_per_token(args.seq_len, run.say),  # (where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
@@ -1233,7 +1233,8 @@ def main(argv=None):
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master,
                                             functools.partial(check_resumable, config_class=GPTConfig, make_model=make_gpt))
         if ckpt is not None:
-            saved_args, saved_config = arguments.saved_arguments(ckpt), checkpoint_config(ckpt, ckpt_path, GPTConfig)
+            saved_args = arguments.saved_arguments(ckpt, build_parser())  # (a flag it predates: the default)
+            saved_config = checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
             arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES)
         else:

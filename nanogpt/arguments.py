@@ -32,9 +32,16 @@ FIXED_ARGS = ("model", "recipe", "optimizer", "embed_lr", "head_lr", "scalar_lr"
 FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
 
 
-def saved_arguments(ckpt):
-    """A training checkpoint's arguments, with the value each flag added since it was written had then."""
-    return {**FLAGS_BEFORE, **ckpt.get("args", {})}
+def saved_arguments(ckpt, parser=None):
+    """A training checkpoint's arguments, with the value each flag added since it was written had then: FLAGS_BEFORE's,
+    else (given the parser) the flag's default, which is what a run ran as before the flag existed."""
+    defaults = vars(parser.parse_args([])) if parser else {}
+    return {**defaults, **FLAGS_BEFORE, **ckpt.get("args", {})}
+
+
+def shown(value):
+    """A flag's value in a message: None (a flag left unset, whose default decides) in words."""
+    return "unset (the default)" if value is None else value
 
 
 def check_args(args, run_presets):
@@ -371,6 +378,19 @@ def run_estimated_bytes(config, params, args, batch_size, dtype, device_type, sh
     return estimate - 16 * params.total * (shards - 1) // shards + 2 * 8 * block
 
 
+# What a CPU training process comes to hold beyond the tensors of the estimate once it trains: the parts of torch's
+# libraries its first forward and backward page in, the blocks the allocator keeps after freeing them, the threads'
+# buffers. Its resident peak was 82-253 MB above (its resident memory at the check + the estimate) on --model tiny's
+# shapes (1 and 2 threads, 2 cores); this is 1.5x the most.
+CPU_PROCESS_MARGIN = 384 * 2**20
+
+
+def cpu_process_bytes(estimate):
+    """The memory a CPU training process needs beyond what it holds at the check (which the memory available already
+    leaves out), where its tensors peak at estimate bytes: check_memory's need, and --batch_size auto's on a CPU."""
+    return estimate + CPU_PROCESS_MARGIN
+
+
 GPU_CONTEXT_BYTES = 2**30  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
 GPU_FRAGMENTATION = 0.10  # the caching allocator's reserved memory over its allocated, as a share of the peak
 
@@ -496,9 +516,9 @@ def check_fp8(fp8, device):
 
 def check_memory(config, params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
-    Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.) config is model_config's, --init_from's shape included;
-    params its model's ParameterCounts."""
+    Every model is built in main memory first; on a CPU it also trains there, and needs its tensors' estimate and
+    CPU_PROCESS_MARGIN more than it holds now. (A GPU's out-of-memory is an error the loop turns into one line.)
+    config is model_config's, --init_from's shape included; params its model's ParameterCounts."""
     have = available_memory_bytes()
     if have is None:
         return
@@ -509,13 +529,15 @@ def check_memory(config, params, args, dtype, device_type, local_world_size):
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type) * local_world_size
+    need = cpu_process_bytes(run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type)) * (
+        local_world_size)
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
-                        + (f"a smaller {wide}" if wide else "--model tiny" if args.init_from == "scratch" else smaller))
+                        + (f"a smaller {wide}" if wide else smaller if args.init_from != "scratch"
+                           else "a smaller --n_layer/--n_embd" if args.model == "tiny" else "--model tiny"))
 
 
 def check_scoring_context(block_size, what, fix):
@@ -578,9 +600,10 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
         if name in FIXED_ARGS:
-            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; {again}")
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's "
+                            f"{shown(saved_args[name])}; {again}")
         if master:
-            print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")
+            print(f"--resume: --{name} changes from {shown(saved_args[name])} to {shown(getattr(args, name))}")
     return args
 
 

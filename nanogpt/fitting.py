@@ -45,11 +45,12 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
     out-of-memory the kernel answers by killing the process, the largest whose estimated memory
-    (arguments.run_estimated_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
-    collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
-    sharded, fits the GPU's free memory (free_gpu_bytes: its measure). Each process measures its own memory, so the
-    processes agree on the smallest of their picks (smallest: smallest_of_every_rank's), which every one then tries
-    first: ranks running different numbers of micro-steps would hang in their collectives."""
+    (arguments.run_estimated_bytes, with the process's margin: cpu_process_bytes) is available; under --fsdp on a
+    GPU, which takes no trial (a sharded step's collectives cannot be tried one process at a time), the largest whose
+    estimate, its weights and their state sharded, fits the GPU's free memory (free_gpu_bytes: its measure). Each
+    process measures its own memory, so the processes agree on the smallest of their picks (smallest:
+    smallest_of_every_rank's), which every one then tries first: ranks running different numbers of micro-steps
+    would hang in their collectives."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     estimate = functools.partial(arguments.run_estimated_bytes, config, params, args, dtype=dtype,
@@ -57,7 +58,7 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     fits = None
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
         def fits(b):
-            return estimate(b) * local_world_size <= have
+            return arguments.cpu_process_bytes(estimate(b)) * local_world_size <= have
     elif device_type == "cuda" and args.fsdp and world_size > 1:
         free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
 
@@ -95,12 +96,13 @@ def batch_ramp(args, world_size, ckpt):
     the run starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every
     smaller one it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key
     "ramp"), so that --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint
-    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step.
-    {}: no warm-up."""
+    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. A
+    --batch_size_start a resume gives is the ramp's start from there. {}: no warm-up."""
     if not args.batch_size_warmup_tokens:
         return {}
     if ckpt is not None:
-        return ckpt.get("ramp", {"start": args.batch_size_start})
+        ramp = ckpt.get("ramp", {"start": args.batch_size_start})
+        return {**ramp, "start": args.batch_size_start or ramp.get("start")}
     unit = args.batch_size * args.seq_len * world_size
     return {"start": args.batch_size_start or unit, "unit": unit}
 

@@ -77,6 +77,23 @@ def count_dtype(device):
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
+def with_settings_of(optimizer, state):
+    """A checkpoint's optimizer state dict (`state`) with every param group's settings (each key but its "params": the
+    rate's scale, the weight decay, fused or foreach, Muon's momentum) taken from `optimizer`, this run's, built from
+    today's flags: a setting a resume changes (--weight_decay, --fused_adamw, --muon_lr, ...) holds from the resume
+    step, and the checkpoint brings the state of each parameter (moments, step counts). (An optimizer that kept state
+    of its own in its groups would have those keys taken from `state` here.) Groups that do not pair are left for the
+    load to refuse."""
+    if isinstance(optimizer, MatricesWithAdamW):
+        return {**state, optimizer.name: with_settings_of(optimizer.matrices, state[optimizer.name]),
+                "adamw": with_settings_of(optimizer.adamw, state["adamw"])}
+    saved = state["param_groups"]
+    if len(saved) != len(optimizer.param_groups):
+        return state
+    return {**state, "param_groups": [{**group, **{k: v for k, v in mine.items() if k != "params"}}
+                                      for group, mine in zip(saved, optimizer.param_groups)]}
+
+
 def muon_momentum_warmup(warmup, muon, steps):
     """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]. steps: the
     steps taken, a number or (where a skip is decided on the device) a 0-d tensor there, which gives the momentum as

@@ -15,7 +15,7 @@ import torch
 
 from nanogpt.arguments import check_schedule, widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
-from nanogpt.cli import UserError
+from nanogpt.cli import ReportedByRankZero, UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
 from nanogpt.optimizers import MATRIX_OPTIMIZERS, rates_beside
 from nanogpt.runlog import RunLog, number_lines, run_summary, step_line, step_scalars
@@ -176,9 +176,10 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         release_memory(self.device_type)
         step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
+        shard = ("shard it across GPUs with --zero 1 or --fsdp (torchrun), or" if MATRIX_OPTIMIZERS[self.args.optimizer]
+                 .shardable else f"--optimizer {self.args.optimizer} cannot be sharded (--zero 1, --fsdp), so")
         where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
-                 "optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller "
-                 f"--model{wide}")
+                 f"optimizer's state: {shard} pick a smaller --model{wide}")
         newest = find_checkpoints(self.args.log_dir)
         if not untouched:
             raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "
@@ -202,24 +203,30 @@ class Run:
         self.rank0.do(self.log_file.record, step, [f"{'train' if finite else 'skipped'} {loss:.6f}",
                                                    *number_lines(numbers or {})],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
-                                   numbers))
+                                   numbers, finite))
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())
         self.stop_if_broken(step, not finite and not weights_finite(self.model))
 
     def stop_if_broken(self, step, weights_broken):
-        """Stop, naming the last good checkpoint, when the weights hold NaN or inf after this step (an update broke
-        them: the steps skipped since have not) or too many steps in a row were skipped as non-finite."""
+        """Stop when the weights hold NaN or inf after this step (an update broke them: the steps skipped since have
+        not), naming the last good checkpoint; or when too many steps in a row were skipped as non-finite, saving
+        first the state they left, the last good update's (a skipped step changes nothing; its data is passed)."""
         if not weights_broken and self.bad_steps < self.args.max_bad_steps:
             return
-        last_good = find_checkpoints(self.args.log_dir)
-        last_good = last_good[0] if last_good else "none"
+        # every rank stops here alike (the ranks agree on the loss, the norm and the weights): rank 0 says why
+        said = UserError if self.master else ReportedByRankZero
         if weights_broken:
-            raise UserError(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
-                            f"was saved after it); last good checkpoint: {last_good}; lower --max_lr")
-        raise UserError(f"{self.bad_steps} non-finite steps in a row at step {step}; the weights were not updated by "
-                        f"them. Last good checkpoint: {last_good}; lower --max_lr or check the data")
+            last_good = find_checkpoints(self.args.log_dir)
+            raise said(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
+                       f"was saved after it); last good checkpoint: {last_good[0] if last_good else 'none'}; "
+                       f"lower {rate_flags(self.args)}")
+        path = self.save_on_every_rank(step, self.tokens_seen)
+        steps = f"{self.bad_steps} non-finite step{'s' if self.bad_steps != 1 else ''}"
+        raise said(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after the "
+                   f"last good update is saved in {path}; lower {rate_flags(self.args)} or check the data, then "
+                   "--resume")
 
     def saved_at(self, step):
         """Whether --save_every checkpoints the state after this step."""
@@ -231,18 +238,24 @@ class Run:
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             self.stop_if_broken(step, not weights_finite(self.model))  # no checkpoint holds weights that broke
-            with self.evaluation_weights():  # (every rank: under --zero 1 / --fsdp each takes part in gathering)
-                gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
-                                                                                 self.fsdp, self.master),
-                                                    f"gathering the state of step {step} for its checkpoint")
-                self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
-                del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
-            if self.ddp:
-                self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
+            self.save_on_every_rank(step, tokens_seen)
         if stop_now:
             self.say(f"stopped by signal after step {step}; "
                      f"`--resume` continues from {checkpoint_path(self.args.log_dir, step)}")
         return stop_now
+
+    def save_on_every_rank(self, step, tokens_seen):
+        """The checkpoint of the state after `step`, every rank taking part (under --zero 1 / --fsdp in gathering
+        the state); its path."""
+        with self.evaluation_weights():  # (every rank: under --zero 1 / --fsdp each takes part in gathering)
+            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
+                                                                             self.fsdp, self.master),
+                                                f"gathering the state of step {step} for its checkpoint")
+            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
+            del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
+        if self.ddp:
+            self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
+        return checkpoint_path(self.args.log_dir, step)
 
     def save(self, step, loader_state, tokens_seen, gathered=None):
         """Rank 0: the checkpoint of the state after `step` (gathered: gathered_state_dicts' model and optimizer
@@ -292,6 +305,15 @@ class Run:
         self.say(run_summary(self.step_times, self.flops_per_token, self.peak, self.device_type, self.val_loss,
                              time.time() - self.t_start, tokens_seen, epoch_tokens,
                              self.start_step + len(self.step_times)))
+
+
+def rate_flags(args):
+    """The flags of the run's peak learning rates, for a message that says to lower them: the matrices' optimizer's
+    own (--muon_lr), --max_lr, and the rates by role a recipe gives (--embed_lr, ...)."""
+    names = [MATRIX_OPTIMIZERS[args.optimizer].rate_flag, "max_lr",
+             *(f"{role}_lr" for role in ("embed", "head", "scalar") if getattr(args, f"{role}_lr", None) is not None)]
+    flags = [f"--{name}" for name in names if name]
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} or {flags[-1]}"
 
 
 @dataclass

@@ -240,9 +240,13 @@ def number_lines(numbers):
     return [f"{name} {value:.6g}" for name, value in numbers.items()]
 
 
-def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None):
-    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr; numbers: train/<name>)."""
-    scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
+def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None,
+                 finite=True):
+    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr; numbers: train/<name>).
+    A step skipped as non-finite (finite False) logs its loss as train/skipped_loss and train/skipped 1, as log.txt
+    says `<step> skipped <loss>`: train/loss holds the steps applied."""
+    loss = {"train/loss": loss} if finite else {"train/skipped_loss": loss, "train/skipped": 1}
+    scalars = {**loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
                "train/batch_tokens": tokens, "train/tokens": tokens_seen,
                **{f"train/{name}_lr": rate for name, rate in (other_rates or {}).items()},
                **{f"train/{name}": value for name, value in (numbers or {}).items()}}

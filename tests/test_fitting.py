@@ -238,8 +238,8 @@ def test_processes_that_see_different_memory_agree_on_the_smallest_micro_batch(t
     with torch.device("meta"):
         params = arguments.counted_parameters(train_gpt2.make_gpt(config))
     # two processes of rank 1's machine: room for micro-batch 1 each, not 2 (the largest of a 2-process share is 4)
-    little = 2 * arguments.run_estimated_bytes(config, params, args, 1, "fp32", "cpu")
-    assert 2 * arguments.run_estimated_bytes(config, params, args, 2, "fp32", "cpu") > little
+    little = 2 * arguments.cpu_process_bytes(arguments.run_estimated_bytes(config, params, args, 1, "fp32", "cpu"))
+    assert 2 * arguments.cpu_process_bytes(arguments.run_estimated_bytes(config, params, args, 2, "fp32", "cpu")) > little
     result = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                          os.path.join(os.path.dirname(__file__), "torchrun_worker.py"), *flags],
                         env={"AVAILABLE_BYTES": f"{2**40},{little}"}, timeout=400)
@@ -337,6 +337,16 @@ def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_pa
             assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
             a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
             assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
+
+
+def test_out_of_memory_in_muons_step_offers_no_sharding(tmp_path, monkeypatch, capsys):
+    """Under --optimizer muon, which --zero 1 and --fsdp refuse, the line names a smaller --model only."""
+    data = make_shards(str(tmp_path / "data"))
+    monkeypatch.setattr(torch.optim.AdamW, "step", failing_optimizer_step(2, False))  # (Muon steps AdamW beside it)
+    code, _, err = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), "--optimizer", "muon")
+    assert_cli_error((code, _, err), "out of memory in the optimizer's step at step 1", "cannot be sharded",
+                     "pick a smaller --model")
+    assert "--zero 1 or --fsdp (torchrun)" not in err
 
 
 def failing_save(calls):
