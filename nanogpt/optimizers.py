@@ -81,16 +81,17 @@ def with_settings_of(optimizer, state):
     """A checkpoint's optimizer state dict (`state`) with every param group's settings (each key but its "params": the
     rate's scale, the weight decay, fused or foreach, Muon's momentum) taken from `optimizer`, this run's, built from
     today's flags: a setting a resume changes (--weight_decay, --fused_adamw, --muon_lr, ...) holds from the resume
-    step, and the checkpoint brings the state of each parameter (moments, step counts). (An optimizer that kept state
-    of its own in its groups would have those keys taken from `state` here.) Groups that do not pair are left for the
-    load to refuse."""
+    step, and the checkpoint brings the state of each parameter (moments, step counts) and the keys an optimizer says
+    it keeps of its own in its groups (its group_state: schedule-free's mode and counters). Groups that do not pair
+    are left for the load to refuse."""
     if isinstance(optimizer, MatricesWithAdamW):
         return {**state, optimizer.name: with_settings_of(optimizer.matrices, state[optimizer.name]),
                 "adamw": with_settings_of(optimizer.adamw, state["adamw"])}
     saved = state["param_groups"]
     if len(saved) != len(optimizer.param_groups):
         return state
-    return {**state, "param_groups": [{**group, **{k: v for k, v in mine.items() if k != "params"}}
+    kept = ("params", *getattr(optimizer, "group_state", ()))
+    return {**state, "param_groups": [{**group, **{k: v for k, v in mine.items() if k not in kept}}
                                       for group, mine in zip(saved, optimizer.param_groups)]}
 
 

@@ -27,6 +27,8 @@ class AveragedAdamW(torch.optim.AdamW):
     in its param_groups (so in its state dict), and a step in eval mode is refused. Before the first step the average
     is the weights."""
 
+    group_state = ("train_mode",)  # its own, in its groups: a resume takes it from the checkpoint (with_settings_of)
+
     def __init__(self, params, decay, **kwargs):
         super().__init__(params, **kwargs)
         self.decay = decay
