@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nanogpt import arguments, hf
+from nanogpt.arguments import ADAMW_USUAL, LARGEST_INT, LARGEST_RATE
 from nanogpt.checkpoints import (check_resumable, checkpoint_config, find_checkpoints, load_checkpoint,
                                  newest_checkpoint, refuse_checkpoint_lookalikes, restore_training_state,
                                  resume_checkpoint, resumed_schedule, strip_prefixes)
@@ -1075,104 +1076,117 @@ def model_config(args, saved_config=None):
 def build_parser():
     p = CLIParser(description="Pretrain GPT-2 on token shards (single process, or DDP under torchrun).")
     g = p.add_argument_group("data and output")
-    g.add_argument("--data_dir", default="edu_fineweb10B",
+    g.add_argument("--data_dir", default="edu_fineweb10B", not_empty=True,
                    help="folder of *_train_*.bin / *_val_*.bin shards (fineweb.py writes them)")
-    g.add_argument("--log_dir", default="log", help="log.txt and model_<step>.pt checkpoints go here")
+    g.add_argument("--log_dir", default="log", not_empty=True, resume="local",
+                   help="log.txt and model_<step>.pt checkpoints go here")
     g.add_argument("--verify_data", action="store_true",
                    help="check the shards against manifest.json's sha256 before training")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS),
+    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS), resume="fixed",
                    help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; "
                         "tiny (4x128) also brings laptop-sized run settings")
-    add_weights_flags(g, checkpoint=False, init_from_default="scratch")
+    add_weights_flags(g, checkpoint=False, init_from_default="scratch", resume="fixed")
     add_config_flags(g, GPTConfig)  # --n_layer, --arch, ...: every field of GPTConfig
     g = p.add_argument_group("recipe and optimizer (docs/recipes.md)")
-    g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES),
+    g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES), resume="fixed",
                    help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon; speedrun: "
                         "--arch speedrun with the GPT-2 speedruns' optimizer set-up (Muon with momentum warm-up, AdamW "
                         "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
-    g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS),
+    g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS), resume="fixed",
                    help="; ".join(entry.about for entry in MATRIX_OPTIMIZERS.values()))
-    g.add_argument("--muon_lr", type=float, default=MATRIX_OPTIMIZERS["muon"].usual_rate,
+    muon = MATRIX_OPTIMIZERS["muon"]
+    g.add_argument("--muon_lr", type=float, default=muon.usual_rate, above=0, at_most=LARGEST_RATE,
+                   usual=f"{muon.name}'s usual rate is ~{muon.usual_rate:g}",
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
-    g.add_argument("--muon_momentum_warmup", type=int, default=0,
+    g.add_argument("--muon_momentum_warmup", type=int, default=0, at_least=0,
                    help="Muon's momentum climbs from 0.85 to 0.95 over its first N steps (0: 0.95 throughout)")
     for role, what in (("embed", "the token and value embeddings"), ("head", "the output head")):
-        g.add_argument(f"--{role}_lr", type=float, default=None,
+        g.add_argument(f"--{role}_lr", type=float, default=None, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                       resume="fixed",
                        help=f"AdamW's peak rate for {what}, at width 768, scaled by sqrt(768 / n_embd) as nanochat "
                             "does (default: --max_lr, unscaled)")
-    g.add_argument("--scalar_lr", type=float, default=None,
+    g.add_argument("--scalar_lr", type=float, default=None, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   resume="fixed",
                    help="AdamW's peak rate for the 1-D parameters: gains, biases, learned scalars (default: --max_lr)")
     g = p.add_argument_group("batch and schedule")
-    g.add_argument("--batch_size", type=batch_size_arg, default=BATCH_SIZE,
+    g.add_argument("--batch_size", type=batch_size_arg, default=BATCH_SIZE, at_least=1,
                    help="micro-batch size per process, or auto: the largest up to the preset's that fits (the default "
                         "on CUDA and MPS; a step that runs out of memory later runs again at half; docs/training.md)")
-    g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
-    g.add_argument("--total_batch_size", type=int, default=524288,
+    g.add_argument("--seq_len", type=int, default=1024, at_least=1, resume="fixed",
+                   help="tokens per row (the context length of a scratch model)")
+    g.add_argument("--total_batch_size", type=int, default=524288, at_least=1, resume="fixed",
                    help="tokens per optimizer step; gradient accumulation makes it up")
-    g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
-    g.add_argument("--batch_size_warmup_tokens", type=int, default=0,
+    g.add_argument("--max_steps", type=int, default=19073, at_least=1,
+                   help="optimizer steps (19073 x 524288 = 10B tokens)")
+    g.add_argument("--batch_size_warmup_tokens", type=int, default=0, at_least=0, at_most=LARGEST_INT,
                    help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens "
                         "(GPT-3); 0: off")
     g.add_argument("--batch_size_start", type=int, default=None,
                    help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size "
                         "(default: one such micro-batch)")
-    g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
-    g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
-    g.add_argument("--min_lr_frac", type=float, default=0.1, help="the schedule ends at max_lr * min_lr_frac")
+    g.add_argument("--warmup_steps", type=int, default=715, at_least=0, help="steps of linear learning-rate warmup")
+    g.add_argument("--max_lr", type=float, default=6e-4, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   help="peak learning rate, reached after the warmup")
+    g.add_argument("--min_lr_frac", type=float, default=0.1, at_least=0, at_most=1,
+                   help="the schedule ends at max_lr * min_lr_frac")
     g.add_argument("--lr_schedule", default="cosine", choices=["cosine", "wsd"],
                    help="after the warmup: cosine = half a cosine down to the minimum (GPT-2's); wsd = warm-up, stable, "
                         "decay: --max_lr until the last --warmdown_frac of the steps, then a straight line down")
-    g.add_argument("--warmdown_frac", type=float, default=0.2, help="wsd: the share of --max_steps spent going down")
-    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
+    g.add_argument("--warmdown_frac", type=float, default=0.2, at_least=0, at_most=1,
+                   help="wsd: the share of --max_steps spent going down")
+    g.add_argument("--weight_decay", type=float, default=0.1, at_least=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   help="AdamW weight decay of the 2-D tensors")
+    g.add_argument("--grad_clip", type=float, default=1.0, at_least=0,
+                   help="clip the global grad norm to this (0: off)")
     g.add_argument("--schedule_change", default="recompute", choices=["recompute", "stretch", "restart"],
                    help="--resume with other settings of the schedule (--max_steps, --warmup_steps, --max_lr, "
                         "--min_lr_frac, --lr_schedule, --warmdown_frac): recompute = the new settings' schedule from step "
                         "0 (the rate may jump at the resume step); stretch = from the rate at the resume step, down to "
                         "the minimum at the new --max_steps; restart = a new warmup from the resume step, then down")
-    g.add_argument("--no_shuffle", action="store_true",
+    g.add_argument("--no_shuffle", action="store_true", resume="fixed", before=True,  # (before: the fixed order)
                    help="read the training shards and their documents in file order every epoch "
                         "(build-nanogpt's order); default: both shuffled each epoch from --seed")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
-    g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
-    g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
-    g.add_argument("--hellaswag_every", type=int, default=250, help="HellaSwag accuracy every N steps")
-    g.add_argument("--hellaswag_data", default=None,
+    g.add_argument("--eval_every", type=int, default=250, at_least=0, help="validation loss every N steps")
+    g.add_argument("--val_steps", type=int, default=20, at_least=1, help="batches per validation, per process")
+    g.add_argument("--hellaswag_every", type=int, default=250, at_least=0, help="HellaSwag accuracy every N steps")
+    g.add_argument("--hellaswag_data", default=None, not_empty=True, needs=("hellaswag_every", "N"),
                    help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
-    g.add_argument("--hellaswag_limit", type=int, default=None,
+    g.add_argument("--hellaswag_limit", type=int, default=None, at_least=1, needs=("hellaswag_every", "N"),
                    help="score only the first N HellaSwag examples (default: all)")
-    g.add_argument("--core_every", type=int, default=0,
+    g.add_argument("--core_every", type=int, default=0, at_least=0,
                    help="CORE (DCLM's 22 tasks, as evaluate.py scores them) every N steps; 0: off")
-    g.add_argument("--core_bundle", default=None,
+    g.add_argument("--core_bundle", default=None, not_empty=True, needs=("core_every", "N"),
                    help="DCLM's eval bundle, a folder or .zip (default: evaluate.py's, downloaded once)")
-    g.add_argument("--core_max_per_task", type=int, default=500,
+    g.add_argument("--core_max_per_task", type=int, default=500, at_least=1, needs=("core_every", "N"),
                    help="score the first N of each CORE task's shuffled examples (nanochat scores 500 in training)")
-    g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
-    g.add_argument("--save_every", type=int, default=5000,
+    g.add_argument("--sample_every", type=int, default=250, at_least=0, help="print samples every N steps")
+    g.add_argument("--save_every", type=int, default=5000, at_least=0,
                    help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
-    g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
-    g.add_argument("--tensorboard", default=None, metavar="DIR",
+    g.add_argument("--keep_checkpoints", type=int, default=0, at_least=0,
+                   help="keep only the newest K checkpoints (0: keep all)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR", not_empty=True,
                    help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
-    g.add_argument("--tensorboard_run", default=None, metavar="NAME",
+    g.add_argument("--tensorboard_run", default=None, metavar="NAME", not_empty=True, needs=("tensorboard", "DIR"),
                    help="the subfolder of --tensorboard DIR for this run's events (default: a new one named "
                         "<start time>-<log_dir's name>; --resume continues the checkpoint's)")
-    g.add_argument("--wandb", default=None, metavar="PROJECT",
+    g.add_argument("--wandb", default=None, metavar="PROJECT", not_empty=True,
                    help="also log the run's scalars to this Weights & Biases project "
                         "(needs `pip install wandb`; WANDB_MODE=offline logs locally)")
-    g.add_argument("--wandb_id", default=None,
+    g.add_argument("--wandb_id", default=None, not_empty=True, needs=("wandb", "PROJECT"),
                    help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
-    g.add_argument("--resume", action="store_true",
+    g.add_argument("--resume", action="store_true", resume="local",
                    help="continue the run in --log_dir from its newest loadable checkpoint, with its settings "
                         "(fresh start if none)")
-    g.add_argument("--overwrite", action="store_true",
+    g.add_argument("--overwrite", action="store_true", resume="local",
                    help="start a new run in a --log_dir that holds an earlier run's checkpoints: they and its log.txt "
                         "are deleted once the new run has passed its checks (without it, such a folder is refused)")
-    g.add_argument("--max_bad_steps", type=int, default=10,
+    g.add_argument("--max_bad_steps", type=int, default=10, at_least=1,
                    help="stop after this many non-finite steps in a row (each is skipped)")
     g = p.add_argument_group("system")
     add_system_flags(g, dtype_help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337,
+    g.add_argument("--seed", type=int, default=1337, at_least=0, at_most=LARGEST_INT, resume="fixed",
                    help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
                    help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + "
@@ -1186,7 +1200,7 @@ def build_parser():
                    help="AdamW's fused kernel, which also skips a non-finite step on the device without the host "
                         "waiting (default: on for CUDA; on a CPU the foreach AdamW, build-nanogpt's numbers)")
     g.add_argument("--no_fused_adamw", dest="fused_adamw", action="store_false", help="the foreach AdamW")
-    g.add_argument("--peak_tflops", type=float, default=None,
+    g.add_argument("--peak_tflops", type=float, default=None, above=0,
                    help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     g = p.add_argument_group("scale (docs/scale.md; --zero and --fsdp shard across torchrun's processes)")
     g.add_argument("--zero", type=int, default=0, choices=[0, 1],
@@ -1212,9 +1226,9 @@ def parse_args(argv=None, saved_args=None):
     args.explicit is the set of flags given on the command line (args.given_as: each as spelt)."""
     parser = build_parser()
     given = parser.parse_marked(argv)  # the preset is the one of the --model given, or the default's
-    if saved_args is not None:
-        known = {a.dest for a in parser._actions}
-        parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in arguments.RUN_LOCAL_ARGS})
+    if saved_args is not None:  # (a flag declared resume="local" is today's command line's only)
+        kept = {name for name, option in parser.options.items() if option.resume != "local"}
+        parser.set_defaults(**{k: v for k, v in saved_args.items() if k in kept})
     else:
         parser.set_defaults(**{**RECIPES[given.recipe], **RUN_PRESETS.get(given.model, {})})  # a laptop's sizes win
     args = parser.parse_args(argv)
@@ -1223,7 +1237,7 @@ def parse_args(argv=None, saved_args=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, parser = parse_args(argv), build_parser()  # (parser: what each flag declares)
     arguments.check_torchrun_environment(os.environ)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
@@ -1233,10 +1247,10 @@ def main(argv=None):
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master,
                                             functools.partial(check_resumable, config_class=GPTConfig, make_model=make_gpt))
         if ckpt is not None:
-            saved_args = arguments.saved_arguments(ckpt, build_parser())  # (a flag it predates: the default)
+            saved_args = arguments.saved_arguments(ckpt, parser)  # (a flag it predates: what it declares)
             saved_config = checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
-            arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES)
+            arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES, parser.options)
         else:
             say(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir) and not args.overwrite:
@@ -1245,14 +1259,14 @@ def main(argv=None):
                         "(nothing was changed)")
     if ckpt is None:
         args.data_dir = laptop_data_dir(args, say)
-    arguments.check_args(args, RUN_PRESETS)
+    arguments.check_args(args, RUN_PRESETS, parser.options)
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     config = model_config(args, saved_config)
     arguments.check_evaluations_context(args, config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    lr_schedule = resumed_schedule(ckpt, args, say, LRSchedule) if ckpt is not None else LRSchedule.of(args)
+    lr_schedule = resumed_schedule(ckpt, saved_args, args, say, LRSchedule) if ckpt is not None else LRSchedule.of(args)
     train(args, config, lr_schedule, ckpt, ckpt_path)
 
 

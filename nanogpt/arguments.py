@@ -11,32 +11,23 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
-from nanogpt.cli import INT_MAX, UserError
+from nanogpt.cli import INT_MAX, UNSET, UserError
 from nanogpt.config_fields import refuse_another_model
 from nanogpt.files import CPUS
 from nanogpt.shard_manifest import REPEATED_INPUT
 from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 
 
-# flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
-FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
-                 "core_bundle": ("core_every", "N"), "core_max_per_task": ("core_every", "N"),
-                 "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
-RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
-# what a resumed run cannot change beside its model (GPTConfig's fields): its preset and recipe, its optimizer, the
-# batch, and the data order (--seed draws each epoch's shuffle)
-FIXED_ARGS = ("model", "recipe", "optimizer", "embed_lr", "head_lr", "scalar_lr", "init_from", "seq_len",
-              "total_batch_size", "no_shuffle", "seed")
-# what a checkpoint written before a flag existed ran with: the flag's value then
-FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
+ADAMW_USUAL = "AdamW's usual range is ~1e-3"  # (the words beside LARGEST_RATE)
+LARGEST_INT = 2**63 - 1  # a count torch takes in 64 bits (--seed, --batch_size_warmup_tokens)
 
 
-def saved_arguments(ckpt, parser=None):
-    """A training checkpoint's arguments, with the value each flag added since it was written had then: FLAGS_BEFORE's,
-    else (given the parser) the flag's default, which is what a run ran as before the flag existed."""
-    defaults = vars(parser.parse_args([])) if parser else {}
-    return {**defaults, **FLAGS_BEFORE, **ckpt.get("args", {})}
+def saved_arguments(ckpt, parser):
+    """A training checkpoint's arguments, with the value each flag added since it was written had then (parser: the
+    one that declares the flags: each one's RunOption.before, else its default)."""
+    befores = {name: option.before for name, option in parser.options.items() if option.before is not UNSET}
+    return {**vars(parser.parse_args([])), **befores, **ckpt.get("args", {})}  # (the defaults as parsing gives them)
 
 
 def shown(value):
@@ -44,37 +35,44 @@ def shown(value):
     return "unset (the default)" if value is None else value
 
 
-def check_args(args, run_presets):
-    """Refuse settings that cannot work before any work is done (run_presets: train_gpt2's RUN_PRESETS)."""
-    counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
-              "eval_every": 0, "hellaswag_every": 0, "core_every": 0, "core_max_per_task": 1, "sample_every": 0,
-              "save_every": 0, "keep_checkpoints": 0, "max_bad_steps": 1, "muon_momentum_warmup": 0}
-    if args.hellaswag_limit is not None:
-        counts["hellaswag_limit"] = 1
-    for name, low in counts.items():
-        if name == "batch_size" and args.batch_size == "auto":
-            continue
-        if not low <= getattr(args, name) <= INT_MAX:
-            raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
-    if not 0 <= args.seed < 2**63:
-        raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
+def out_of_range(option, value):
+    """Why value is outside option's declared range (nanogpt.cli.RunOption), in words, or None."""
+    low = option.at_least if option.at_least is not None else option.above
+    if isinstance(value, bool) or value is None or low is None and option.at_most is None:
+        return None
+    if isinstance(value, int) and not isinstance(low, float):  # a count: a whole number in its range
+        high = option.at_most if option.at_most is not None else INT_MAX
+        if not low <= value <= high:
+            return f"must be a whole number from {low} to {'2**63-1' if high == 2**63 - 1 else high}"
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or (option.above is not None and value <= option.above) or (
+                option.at_least is not None and value < option.at_least):
+            return f"must be a finite number {'>' if option.above is not None else '>='} {low}"
+        if option.at_most is not None and value > option.at_most:
+            return f"must be at most {option.at_most:g} ({option.usual})" if option.usual else (
+                f"must be from {low} to {option.at_most:g}")
+    return None
+
+
+def check_args(args, run_presets, options):
+    """Refuse settings that cannot work before any work is done: what each flag declares (options: the parser's
+    {dest: RunOption}: its range, an empty value, a flag that would do nothing while the one it needs is off), then
+    what flags say together (run_presets: train_gpt2's RUN_PRESETS)."""
+    for name, option in options.items():
+        value = getattr(args, name)
+        if (problem := out_of_range(option, value)) is not None:
+            raise UserError(f"--{name} {value}: {problem}")
+        if option.not_empty and value == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
+            raise UserError(f"--{name} is empty; give a value, or drop the flag")
+        if option.needs and name in args.explicit and not getattr(args, option.needs[0]):
+            switch, on = option.needs
+            preset = switch not in args.explicit and switch in run_presets.get(args.model, {})
+            by = f" (--model {args.model} turns it off)" if preset else ""
+            raise UserError(f"--{name} does nothing while --{switch} is off{by}; give --{switch}{f' {on}' if on else ''} "
+                            f"too, or drop --{name}")
     from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
 
-    # the matrices' optimizers' rates (MATRIX_OPTIMIZERS), each with the words for its usual size
-    usual_rates = {entry.rate_flag: f"{entry.name}'s usual rate is ~{entry.usual_rate:g}"
-                   for entry in MATRIX_OPTIMIZERS.values() if entry.rate_flag}
-    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "warmdown_frac": (0, True), "weight_decay": (0, True),
-              "grad_clip": (0, True), **{name: (0, False) for name in usual_rates}}
-    for name in ("peak_tflops", "embed_lr", "head_lr", "scalar_lr"):
-        if getattr(args, name) is not None:
-            floats[name] = (0, False)
-    for name, (low, low_ok) in floats.items():
-        value = getattr(args, name)
-        if not math.isfinite(value) or value < low or (value == low and not low_ok):
-            raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
-    for name in ("min_lr_frac", "warmdown_frac"):
-        if getattr(args, name) > 1:
-            raise UserError(f"--{name} {getattr(args, name)}: must be from 0 to 1")
     if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":
         raise UserError(f"--warmdown_frac does nothing with --lr_schedule {args.lr_schedule} (it is wsd's); "
                         "add --lr_schedule wsd, or drop it")
@@ -83,25 +81,12 @@ def check_args(args, run_presets):
         raise UserError(f"--warmdown_frac {args.warmdown_frac} of --max_steps {args.max_steps} is "
                         f"{round(args.warmdown_frac * args.max_steps)} step(s) of warm-down: too few for the rate to go "
                         "down; give a larger --warmdown_frac, or 0 to hold the rate to the end")
-    for name in ("max_lr", "weight_decay", *usual_rates, "embed_lr", "head_lr", "scalar_lr"):  # beyond, fp32 overflows
-        if (getattr(args, name) or 0) > LARGEST_RATE:
-            usual = usual_rates.get(name, "AdamW's usual range is ~1e-3")
-            raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
-    for name in ("data_dir", "log_dir", "hellaswag_data", "core_bundle", "tensorboard", "tensorboard_run", "wandb",
-                 "wandb_id"):
-        if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
-            raise UserError(f"--{name} is empty; give a value, or drop the flag")
-    if args.tensorboard_run is not None and (args.tensorboard_run in (".", "..") or re.search(r"[/\\]", args.tensorboard_run)):
+    if args.tensorboard_run not in (None, "") and (args.tensorboard_run in (".", "..")
+                                                 or re.search(r"[/\\]", args.tensorboard_run)):
         raise UserError(f"--tensorboard_run {args.tensorboard_run}: give a folder name, not a path")
     if "schedule_change" in args.explicit and not args.resume:
         raise UserError(f"--schedule_change {args.schedule_change} does nothing without --resume (it says what a "
                         "resume that changes the schedule's flags does); drop it, or add --resume")
-    for name, (switch, value) in FLAGS_NEEDING.items():
-        if name in args.explicit and not getattr(args, switch):
-            preset = switch not in args.explicit and switch in run_presets.get(args.model, {})
-            by = f" (--model {args.model} turns it off)" if preset else ""
-            raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
-                            f"give --{switch} {value} too, or drop --{name}")
     entry = MATRIX_OPTIMIZERS[args.optimizer]
     if not entry.shardable and (args.zero or args.fsdp):
         sharding = "--fsdp" if args.fsdp else "--zero 1"
@@ -147,9 +132,6 @@ def check_torchrun_environment(environ):
 def check_batch_warmup(args, world_size):
     """Refuse a batch warm-up that cannot be made of whole micro-batches."""
     micro = args.batch_size * args.seq_len * world_size
-    if not 0 <= args.batch_size_warmup_tokens < 2**63:
-        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: "
-                        "must be a whole number from 0 to 2**63-1")
     if args.batch_size_start is None:
         return
     if not args.batch_size_warmup_tokens:
@@ -572,13 +554,15 @@ def check_init_from_recipe(args, config):
                         f"are a {config.arch}; give --optimizer {args.optimizer} in its place, or drop --init_from")
 
 
-def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes):
+def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes, options):
     """Resuming continues the same run: args are the checkpoint's settings (saved_args, saved_arguments') with
     the command line's over them; what the command line changes is printed. The model (saved_config, the checkpoint's
-    GPTConfig), the optimizer, the batch and the data order cannot change. model_presets, recipes:
-    train_gpt2's MODEL_PRESETS and RECIPES; a --model given is compared by its shape (with the shape flags
-    given beside it), a --recipe by the settings it stands for (--recipe modern resumes a run started as
-    --arch llama --optimizer muon)."""
+    GPTConfig) and the flags declared resume="fixed" (options: the parser's {dest: RunOption}: the optimizer, the
+    batch, the data order) cannot change. model_presets, recipes: train_gpt2's MODEL_PRESETS and RECIPES; a --model
+    given is compared by its shape (with the shape flags given beside it), a --recipe by the settings it stands for
+    (--recipe modern resumes a run started as --arch llama --optimizer muon)."""
+    fixed = {name for name, option in options.items() if option.resume == "fixed"}
+    local = {name for name, option in options.items() if option.resume == "local"}
     again = "drop the flag to resume, or use another --log_dir for a new run"
     refuse_another_model(saved_config, args, "the checkpoint's model", again)
     saved_args = {**saved_args, **asdict(saved_config)}  # the model as the checkpoint has it
@@ -590,16 +574,16 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
                             f"the checkpoint's model ({', '.join(f'{k} {v}' for k, v in shape.items())}); {again}")
         saved_args = {**saved_args, "model": args.model}
     if "recipe" in args.explicit:  # judged by what of it a resume cannot change: the model and the optimizer
-        implied = {k: v for k, v in recipes[args.recipe].items() if k in FIXED_ARGS or k in asdict(saved_config)}
+        implied = {k: v for k, v in recipes[args.recipe].items() if k in fixed or k in asdict(saved_config)}
         clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
         if clash:
             raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "
                             f"with the checkpoint's {', '.join(f'{k} {saved_args[k]}' for k in clash)}; {again}")
         saved_args = {**saved_args, "recipe": args.recipe}
-    for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
+    for name in sorted(args.explicit - local):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
-        if name in FIXED_ARGS:
+        if name in fixed:
             raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's "
                             f"{shown(saved_args[name])}; {again}")
         if master:

@@ -14,7 +14,6 @@ from dataclasses import asdict
 
 import torch
 
-from nanogpt.arguments import saved_arguments
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import config_from_checkpoint
 from nanogpt.files import CPUS, atomic_write, block_digests, disk_advice
@@ -226,13 +225,14 @@ def check_resumable(ckpt, path, config_class, make_model):
                         f"({brief(e)})") from None
 
 
-def resumed_schedule(ckpt, args, say, schedule_class):
+def resumed_schedule(ckpt, saved, args, say, schedule_class):
     """The resumed run's learning-rate schedule (schedule_class: train_gpt2's LRSchedule). When the command line
     changes the schedule's settings, --schedule_change says what becomes of it from the resume step: recompute (the
     new settings' schedule, as if the run had always had them, from where an earlier resume moved it if one did: the
     rate may jump), stretch (from the rate it has now, down to the new minimum at the new --max_steps, in the new
-    shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
-    saved, moved = saved_arguments(ckpt), ckpt.get("schedule", {"start": 0, "start_lr": None})
+    shape) or restart (a new warmup, then the new shape). The rate is said on the console. saved: the checkpoint's
+    arguments (nanogpt.arguments.saved_arguments')."""
+    moved = ckpt.get("schedule", {"start": 0, "start_lr": None})
     if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
         raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
                         "it is damaged or not a checkpoint of train_gpt2.py")
