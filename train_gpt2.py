@@ -36,8 +36,8 @@ from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_c
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_ramp, batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees,
-                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, smallest_of_every_rank,
-                             trial_step)
+                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, micro_batches_per_step,
+                             smallest_of_every_rank, trial_step)
 from nanogpt.float8 import convert_to_fp8
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
@@ -48,6 +48,7 @@ from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, build_opti
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
+from nanogpt.sampling import sample_next_token
 from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean, autocast_context, choose_compile,
                              counted_flops_per_token, peak_flops, pick_device, pick_dtype, waiting_for_peers_said)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
@@ -430,25 +431,6 @@ class GPT(nn.Module):
         return idx
 
 
-def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """One token per row from logits (B, V): greedy at temperature 0, else softmax sampling
-    restricted to the top_k tokens and to the smallest set whose probability reaches top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None and top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token already reaches top_p
-        drop = drop_sorted.scatter(1, sorted_idx, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
-
-
 # -----------------------------------------------------------------------------
 # Beyond GPT-2: the other architectures' pieces (their layers are in nanogpt.layers) and --arch speedrun's trunk
 # (docs/recipes.md)
@@ -744,7 +726,7 @@ def make_loaders(args, rank, world_size, warn, val_rows=None):
 
 
 # -----------------------------------------------------------------------------
-# Learning-rate schedule, and the batch size warm-up
+# Learning-rate schedule
 
 
 def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, shape="cosine", warmdown_steps=0, start=0, start_lr=None):
@@ -800,21 +782,6 @@ class LRSchedule:
         s = self.settings
         return (f"{s['lr_schedule']}: {s['warmup_steps']} warm-up steps to {s['max_lr']:.4e}, {self.way_down()} down to "
                 f"{self.min_lr():.4e} at step {s['max_steps']}")
-
-
-def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
-    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
-    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
-    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
-    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
-    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
-    full = total // micro
-    if tokens_seen >= warmup_tokens:
-        return full
-    unit = unit or micro
-    start = start or unit
-    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
-    return tokens // micro
 
 
 # -----------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def describe_split(batch_size, seq_len, world_size, total_batch_size):
 
 
 def batch_ramp(args, world_size, ckpt):
-    """The batch warm-up's start and rounding unit in tokens, train_gpt2.micro_batches_per_step's keywords: fixed when
+    """The batch warm-up's start and rounding unit in tokens, micro_batches_per_step's keywords: fixed when
     the run starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every
     smaller one it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key
     "ramp"), so that --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint
@@ -105,6 +105,21 @@ def batch_ramp(args, world_size, ckpt):
         return {**ramp, "start": args.batch_size_start or ramp.get("start")}
     unit = args.batch_size * args.seq_len * world_size
     return {"start": args.batch_size_start or unit, "unit": unit}
+
+
+def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
+    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
+    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
+    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
+    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
+    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
+    full = total // micro
+    if tokens_seen >= warmup_tokens:
+        return full
+    unit = unit or micro
+    start = start or unit
+    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
+    return tokens // micro
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):

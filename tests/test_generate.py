@@ -21,7 +21,8 @@ import generate_tokens
 from conftest import ROOT, assert_one_line_error, run_script, peaked_tiny_gpt
 from nanogpt.cli import UserError
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_tokenizer
-from train_gpt2 import GPT, KVCache, sample_next_token
+from nanogpt.sampling import sample_next_token
+from train_gpt2 import GPT, KVCache
 
 
 # -----------------------------------------------------------------------------

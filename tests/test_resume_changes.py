@@ -127,7 +127,7 @@ def test_a_batch_warmup_start_changed_on_resume_is_the_ramps_from_the_resume_ste
     the straight run whose ramp was given that start at the resume step."""
     data = make_shards(str(tmp_path / "data"))
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    batches, steps = train_gpt2.micro_batches_per_step, []
+    batches, steps = train_gpt2.micro_batches_per_step, []  # (the loop's name of nanogpt.fitting's)
 
     def changing_at_resume(*numbers, start=None, unit=None):
         if numbers[0] == math.inf:  # (the header's: the full batch's)
