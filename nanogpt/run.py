@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanogpt.arguments import check_schedule, widening_flags
+from nanogpt.arguments import widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
@@ -59,8 +59,9 @@ class Run:
         self.rank0.agree()
 
     def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
-              flops_per_token, peak, fixed=None):
-        """Everything is checked and built: open the log folder (rank 0) and print the run's header. What a
+              flops_per_token, peak, fixed=None, warnings=()):
+        """Everything is checked and built: open the log folder (rank 0) and print the run's header, then the
+        warnings (arguments.settings_that_cannot_hold's lines). What a
         checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
         loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
         validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
@@ -71,7 +72,8 @@ class Run:
         self.flops_per_token, self.peak = flops_per_token, peak
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
-        check_schedule(self.args, self.master)
+        for line in warnings if self.master else ():
+            self.warn(line)
         # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
         # time limit) end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
