@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from nanogpt.cli import UserError, brief
 from nanogpt.files import atomic_write, clearing_new_folders, content_hash, lock_folder, temporary_of, unlock_folder
 from nanogpt.shards import SHARD_HEADER_INTS, list_shards
+from nanogpt.text_inputs import DEFAULT_DATASET
 
 # in --output_dir while a run writes it: no shard's name (those hold _val_ or _train_), never in manifest.json
 OUTPUT_DIR_LOCK = "fineweb.lock"
@@ -36,6 +37,17 @@ def locked_output_dir(out):
             yield
         finally:
             unlock_folder(out, OUTPUT_DIR_LOCK, lock)
+
+
+def says_fineweb_edu(data_dir):
+    """Whether data_dir's manifest.json says its shards were tokenized from FineWeb-Edu (fineweb.py from the hub
+    dataset HuggingFaceFW/fineweb-edu, any of its samples); False where it names another source (local files, another
+    dataset, a --download repo, whose content it does not know), cannot be read, or is not there."""
+    try:
+        with open(os.path.join(data_dir, "manifest.json")) as f:
+            return json.load(f)["args"]["dataset"] == DEFAULT_DATASET
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
 
 
 def save_json(path, obj):

@@ -1,4 +1,4 @@
-"""Settings a run cannot keep to are said at its start, one line each on stderr, and the run goes on: a warm-up as
+"""Settings a run cannot keep to are said at its start, one line each after the header, and the run goes on: a warm-up as
 long as the run or longer (the learning rate's, Muon's momentum's, the batch's), and a validation that asks for more
 tokens than the val split holds (checked against what validation then computes).
 
@@ -18,7 +18,10 @@ def _one_thread(one_thread):
 
 
 def warnings_of(capsys):
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    """The warnings a run said: after its header, on stdout; nothing on stderr."""
+    out, err = capsys.readouterr()
+    assert "warning" not in err, err
+    return [line for line in out.splitlines() if line.startswith("warning: ")]
 
 
 @pytest.mark.parametrize("flags, said", [
