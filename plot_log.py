@@ -433,6 +433,9 @@ def main(argv=None):
     parsed, x_label = [], args.x
     for name, path in runs:
         series = parse_log(path)
+        if not panels(series) and set(series) <= set(RUN_KINDS):  # a run just started: its first lines only
+            raise UserError(f"{path} holds no loss yet (only the lines that describe the run); plot it once the run "
+                            "has logged a step")
         if not panels(series):
             raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
                             "there is nothing to draw until the run logs a finite one")

@@ -10,12 +10,11 @@ transformers' parameter count, the console's step lines and summary, the log par
 import json
 import os
 import re
-import shutil
 
 import pytest
 
 import plot_log
-from conftest import assert_one_line_error, make_shards, read_log, run_script, train
+from conftest import assert_one_line_error, make_shards, run_script, train
 from nanogpt.cli import UserError
 from nanogpt.shard_manifest import says_fineweb_edu
 
@@ -166,4 +165,9 @@ def test_x_time_lines_runs_up_by_the_time_spent_in_training_steps(tmp_path, monk
     with pytest.raises(UserError, match="holds no time for step 0"):
         plot_log.main([str(fast), "--x", "time", "--out", str(tmp_path / "u.png")])
     assert not (tmp_path / "u.png").exists()
-    shutil.rmtree(slow)
+
+
+def test_a_log_of_a_run_that_has_only_started_is_refused_in_one_line(tmp_path):
+    (tmp_path / "log.txt").write_text("0 params 1636224\n0 val_fineweb_edu 0\n")
+    assert_one_line_error(run_script(["plot_log.py", str(tmp_path / "log.txt")]), "holds no loss yet")
+    assert os.listdir(tmp_path) == ["log.txt"]
