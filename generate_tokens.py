@@ -36,7 +36,8 @@ from nanogpt.checkpoints import newest_checkpoint
 from nanogpt.cli import CLIParser, UserError, add_system_flags, add_weights_flags, run_cli
 from nanogpt.hf import check_export_dir, export_hf
 from nanogpt.runtime import autocast_context, pick_device, pick_dtype
-from nanogpt.tokenizer import EOT_TOKEN, SAMPLE_PROMPT, decode_sample, format_sample, get_tokenizer, gpt2_bpe_files
+from nanogpt.tokenizer import (EOT_TOKEN, SAMPLE_PROMPT, decode_sample, format_sample, get_tokenizer, gpt2_bpe_files,
+                               prompt_tokens)
 from train_gpt2 import load_model
 
 MAX_COUNT = 1_000_000  # most samples, and most tokens per sample, one command makes
@@ -264,8 +265,7 @@ def main(argv=None):
     if args.compile:
         compile_for_sampling(model)
 
-    # An empty prompt starts a fresh document, the way GPT-2 samples unconditionally.
-    tokens = tokenizer.encode(prompt, allowed_special={"<|endoftext|>"}) or [EOT_TOKEN]
+    tokens = prompt_tokens(tokenizer, prompt)
     if len(tokens) > block_size:
         raise UserError(f"the prompt is {len(tokens)} tokens, longer than the model's context of {block_size}; "
                         "shorten it")

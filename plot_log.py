@@ -7,16 +7,18 @@ Plot a training run's log.txt as one PNG: losses, HellaSwag, CORE, and every oth
     python plot_log.py log --no_zoom                # the loss axis fits every train and val point
     python plot_log.py log/a log/b log/c            # runs compared: ./compare.png, one colour a run
     python plot_log.py log/a log/b --x tokens       # aligned by tokens trained on instead of by step
+    python plot_log.py log/a log/b --x time         # aligned by the time spent in training steps
 
 log.txt is what train_gpt2.py writes, build-nanogpt's format: one `<step> <kind> <value>` per line,
 where kind is any word. `<step> skipped <loss>` marks a non-finite step that was not applied: it is not
 plotted (older logs wrote it as `<step> train <loss> skipped`, read the same way).
 A new evaluation logged as e.g. `<step> mmlu 0.31` needs no change here. Panels, one per group:
-- losses: `train`, `val` and every kind ending in `loss`, with OpenAI GPT-2 124M's FineWeb-Edu val
-  loss as a reference; once the run has come down through 4.0 the y-axis zooms to 2.8-4.0 (build-nanogpt's
-  play.ipynb tops it at 4.0), cropping only the train loss: it is widened to keep every val point (and every
-  point of the other losses) in view; else, or with --no_zoom, it fits every point; --smooth K adds a moving
-  average;
+- losses: `train`, `val` and every kind ending in `loss`, with OpenAI GPT-2 124M's FineWeb-Edu val loss as a
+  reference where the log says its validation text is FineWeb-Edu's (its `val_fineweb_edu` line, which train_gpt2.py
+  writes from the shards' manifest.json; a log without that line, from before it was written, gets no reference line
+  and a note saying why); once the run has come down through 4.0 the y-axis zooms to 2.8-4.0 (build-nanogpt's
+  play.ipynb tops it at 4.0), cropping only the train loss: it is widened to keep every val point (and every point of
+  the other losses) in view; else, or with --no_zoom, it fits every point; --smooth K adds a moving average;
 - HellaSwag (only when the log has `hella` lines): acc_norm, its 0.25 chance line, GPT-2 124M's and
   GPT-3 124M's numbers;
 - CORE (only when the log has `core` lines): the score, with GPT-2 124M's and 350M's (nanochat's evaluation);
@@ -28,23 +30,34 @@ points (a panel has far fewer pixels; Agg cannot draw millions), so spikes still
 A reference line is drawn only where it lies inside the panel's y-range, which the run's values (and the
 zoom) set and the line never widens, so a short run's curves are not squashed by it.
 
+The lines that describe a run rather than a curve (nanogpt/log_kinds.py: `params`, `step_ms`, `val_fineweb_edu`) are
+not drawn: a run's parameters and median time per step (after its first steps, as the run's summary line takes it)
+follow its first legend label on each panel.
+
 Several logs are drawn on the same panels, one colour a run, each line's legend naming the run (its log folder's
-name) and its last value; --x tokens puts the tokens trained on before each step on the x-axis (step x the run's
---total_batch_size, read from the newest checkpoint beside its log, which needs torch; a log without one, or a run
-whose batch grew with --batch_size_warmup_tokens, is refused in one line).
+name) and its last value; --x time puts the time each run spent in training steps before each step on the x-axis
+(the sum of its logged step times: evaluations, checkpoints and the pause between a stop and a resume are not in it;
+a log without step times, written before they were logged, is refused in one line); --x tokens puts the tokens
+trained on before each step there (step x the run's --total_batch_size, read from the newest checkpoint beside its
+log, which needs torch; a log without one, or a run whose batch grew with --batch_size_warmup_tokens, is refused in one
+line).
 
 --out must end in .png and be a new file or an existing PNG (or a FIFO or character device, written in place):
 the log itself, or any other existing file that is not a PNG, is refused, so a slip of the command line cannot
 destroy a log. This module does not import torch, except to read a checkpoint's --total_batch_size for --x tokens.
 """
 
+import functools
+import itertools
 import math
 import os
 import re
+import statistics
 import warnings
 
 from nanogpt.cli import CLIParser, UserError, run_cli
 from nanogpt.files import check_output_file, output_file, written_in_place
+from nanogpt.log_kinds import PARAMS, RUN_KINDS, STEP_MS, VAL_FINEWEB_EDU, timed_steps
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI GPT-2 124M on FineWeb-Edu val (build-nanogpt's baseline line)
 GPT2_124M_HELLASWAG = 0.2945  # acc_norm, as the training loop measures it
@@ -129,7 +142,7 @@ def is_loss(kind):
 def panels(series):
     """[(panel title, [kinds])]: the losses, HellaSwag, CORE, then each other kind, leaving out kinds without a
     finite value (a run that diverged at once logs only nan) and the groups left empty."""
-    kinds = [k for k in series if k != "skipped" and finite(*series[k])[0]]
+    kinds = [k for k in series if k != "skipped" and k not in RUN_KINDS and finite(*series[k])[0]]
     losses = [k for k in kinds if is_loss(k)]
     out = [(LOSS_PANEL, losses)] if losses else []
     for kind, panel in (("hella", HELLA_PANEL), ("core", CORE_PANEL)):
@@ -164,6 +177,25 @@ def reference_lines(ax, lines):
             ax.axhline(y, color=color, ls="--", lw=1, label=label)
 
 
+def run_facts(series):
+    """'7.3M parameters, 1,950 ms/step' of a run's log (its `params` line; the median of its `step_ms` lines after
+    the first steps, as the run's summary line takes it), or the part of it the log holds ('' for neither)."""
+    facts = []
+    if PARAMS in series:
+        n = series[PARAMS][1][-1]
+        facts.append(f"{n / 1e9:.2f}B parameters" if n >= 1e9 else f"{n / 1e6:.1f}M parameters" if n >= 1e5
+                     else f"{n:,.0f} parameters")
+    if STEP_MS in series:
+        facts.append(f"{statistics.median(timed_steps(series[STEP_MS][1])):,.0f} ms/step")
+    return ", ".join(facts)
+
+
+def on_fineweb_edu(series):
+    """True or False as the log says whether its validation text is FineWeb-Edu's (the `val_fineweb_edu` line
+    train_gpt2.py writes from the shards' manifest.json); None for a log that does not say (written before it did)."""
+    return bool(series[VAL_FINEWEB_EDU][1][-1]) if VAL_FINEWEB_EDU in series else None
+
+
 def label_of(kind, values):
     name = {"train": "train loss", "val": "val loss", "hella": "acc_norm", "core": "CORE"}.get(kind, kind)
     return name + (f" (last {values[-1]:.4g})" if values else "")
@@ -175,11 +207,13 @@ def build_figure(series, title=None, smooth=0, zoom=True):
     return build_comparison([(None, series, None)], title=title, smooth=smooth, zoom=zoom)
 
 
-def build_comparison(runs, title=None, smooth=0, zoom=True):
-    """The plot of several runs on the same panels as a Figure: runs is [(name, series, tokens_per_step)]; each run
-    has a colour of its own and its name first in each of its legend labels (one run named None: the single-log
-    plot, in matplotlib's colours). tokens_per_step None: x is the step; else step x tokens_per_step, the tokens
-    trained on before the step. A panel is drawn when any run has its kinds."""
+def build_comparison(runs, title=None, smooth=0, zoom=True, x_label="step"):
+    """The plot of several runs on the same panels as a Figure: runs is [(name, series, to_x)]; each run has a colour
+    of its own and its name first in each of its legend labels (one run named None: the single-log plot, in
+    matplotlib's colours), and its parameters and time per step (run_facts) after its first label on each panel.
+    to_x None: x is the step; else to_x(steps) is the x of each (the tokens or the time before it), x_label says what.
+    A panel is drawn when any run has its kinds; FineWeb-Edu's reference loss where a run's log says its validation
+    text is FineWeb-Edu's."""
     from matplotlib.figure import Figure
 
     groups = {}
@@ -195,18 +229,20 @@ def build_comparison(runs, title=None, smooth=0, zoom=True):
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(groups):]:
         fig.delaxes(ax)
-    by_tokens = runs[0][2] is not None
+    fineweb_edu = [run for run, series, _ in runs if on_fineweb_edu(series)]
     for ax, (name, kinds) in zip(axes, groups.items()):
         drawn = []
-        for i, (run, series, per_step) in enumerate(runs):
+        for i, (run, series, to_x) in enumerate(runs):
             color = {} if run is None else {"color": f"C{i % 10}"}
-            prefix = "" if run is None else f"{run}: "
+            prefix, facts = "" if run is None else f"{run}: ", run_facts(series)
             for kind in kinds:
                 if kind not in series:
                     continue
                 steps, values = finite(*series[kind])
                 if not steps:
                     continue
+                label = prefix + label_of(kind, values) + (f" | {facts}" if facts else "")
+                facts = ""  # once a run and panel
                 drawn.append((kind, values))
                 if name == LOSS_PANEL and kind == "train":
                     style = dict(lw=0.8, alpha=0.4 if smooth > 1 else 0.8)
@@ -216,16 +252,17 @@ def build_comparison(runs, title=None, smooth=0, zoom=True):
                     style = dict(lw=1.5, marker=".")
                 if run is not None and name == LOSS_PANEL and kind not in ("train", "val"):
                     style["ls"] = "--"
-                ax.plot(*x_of(thinned(steps, values), per_step), label=prefix + label_of(kind, values),
-                        **style, **color)
+                ax.plot(*x_of(thinned(steps, values), to_x), label=label, **style, **color)
                 if name == LOSS_PANEL and kind == "train" and smooth > 1 and values:
                     avg = moving_average(values, smooth)
-                    ax.plot(*x_of(thinned(steps, avg), per_step), lw=1.5, color=ax.lines[-1].get_color(),
+                    ax.plot(*x_of(thinned(steps, avg), to_x), lw=1.5, color=ax.lines[-1].get_color(),
                             label=f"{prefix}train loss, mean of last {min(smooth, len(values))} (last {avg[-1]:.4g})")
         if name == LOSS_PANEL:
             if zoom:
                 loss_range(ax, drawn)
-            reference_lines(ax, [(GPT2_124M_VAL_LOSS, "r", f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}")])
+            whose = "" if len(fineweb_edu) == len(runs) else f" (FineWeb-Edu val: {', '.join(fineweb_edu)})"
+            reference_lines(ax, [(GPT2_124M_VAL_LOSS, "r", f"OpenAI GPT-2 (124M) val loss {GPT2_124M_VAL_LOSS}{whose}")]
+                            if fineweb_edu else [])
             ax.set_ylabel("loss")
         elif name == HELLA_PANEL:
             ax.axhline(HELLASWAG_CHANCE, color="gray", ls=":", lw=1, label=f"chance {HELLASWAG_CHANCE}")
@@ -239,7 +276,7 @@ def build_comparison(runs, title=None, smooth=0, zoom=True):
         else:
             ax.set_ylabel(name)
         ax.set_title(name)
-        ax.set_xlabel("tokens" if by_tokens else "step")
+        ax.set_xlabel(x_label)
         ax.legend()
         ax.grid(alpha=0.3)
     if title:
@@ -248,10 +285,10 @@ def build_comparison(runs, title=None, smooth=0, zoom=True):
     return fig
 
 
-def x_of(points, per_step):
-    """(x, values) of (steps, values): the steps, or the tokens trained on before each (step x per_step)."""
+def x_of(points, to_x):
+    """(x, values) of (steps, values): the steps, or to_x(steps) (the tokens or the time before each)."""
     steps, values = points
-    return (steps if per_step is None else [s * per_step for s in steps]), values
+    return (steps if to_x is None else to_x(steps)), values
 
 
 def plotted(fig):
@@ -286,6 +323,36 @@ def tokens_per_step(path):
     return args["total_batch_size"]
 
 
+def seconds_before(path, series):
+    """[the seconds the run spent in training steps before step s, for s from 0 to one past its last step], summed
+    from its log's step_ms lines. A UserError where the log lacks the time of a step it trained (a log written before
+    they were logged, or a run resumed from one)."""
+    trained = sorted({*series.get("train", ((),))[0], *series.get("skipped", ((),))[0]})
+    times = dict(zip(*series.get(STEP_MS, ((), ()))))
+    untimed = [step for step in range(trained[-1] + 1 if trained else 0) if step not in times]
+    if not trained or untimed:
+        where = f"step {untimed[0]}" if untimed else "any step"
+        raise UserError(f"{path}: its log holds no time for {where} (the step_ms lines of a newer train_gpt2.py); "
+                        "plot it with --x step or --x tokens")
+    return [0.0, *itertools.accumulate(times[step] / 1000 for step in range(trained[-1] + 1))]
+
+
+TIME_UNITS = ((3 * 3600, 3600, "hours"), (3 * 60, 60, "minutes"), (0, 1, "seconds"))  # the first whose floor is passed
+
+
+def time_axis(elapsed_of_runs):
+    """(x label, [to_x of each run]) for --x time: each run's seconds before each step, in the unit that suits the
+    longest run."""
+    longest = max(elapsed[-1] for elapsed in elapsed_of_runs)
+    _, unit, name = next(entry for entry in TIME_UNITS if longest >= entry[0])
+    to_x = [lambda steps, e=elapsed: [e[min(s, len(e) - 1)] / unit for s in steps] for elapsed in elapsed_of_runs]
+    return f"time in training steps ({name})", to_x
+
+
+def scaled(factor, steps):
+    return [s * factor for s in steps]
+
+
 def check_out(out, log_path):
     """Refuse an --out whose writing would destroy something: the log itself, a folder, a file that is
     not a PNG (a PNG is a plot from an earlier run: replacing it is the point); and a name that does not
@@ -317,9 +384,10 @@ def build_parser():
     p.add_argument("--out", default=None,
                    help="PNG to write, ending in .png: a new file or an existing PNG, never a log "
                         f"(default: plot.png beside the log; {COMPARISON} in the current folder for several logs)")
-    p.add_argument("--x", default="step", choices=["step", "tokens"],
-                   help="the x-axis: the step, or the tokens trained on before it (step x the run's --total_batch_size, "
-                        "from the newest checkpoint beside its log)")
+    p.add_argument("--x", default="step", choices=["step", "tokens", "time"],
+                   help="the x-axis: the step; the tokens trained on before it (step x the run's --total_batch_size, "
+                        "from the newest checkpoint beside its log); or the time the run spent in training steps "
+                        "before it (the sum of its log's step times: evaluations, checkpoints and pauses left out)")
     p.add_argument("--smooth", type=int, default=0, metavar="K",
                    help="also draw the mean of the last K train-loss points at each step over the raw curve "
                         "(0 or 1 = off)")
@@ -364,18 +432,33 @@ def main(argv=None):
         raise UserError("--out is empty; give a PNG file name")
     for _, path in runs:
         check_out(out, path)
-    parsed = []
+    parsed, x_label = [], args.x
     for name, path in runs:
         series = parse_log(path)
+        if not panels(series) and set(series) <= set(RUN_KINDS):  # a run just started: its first lines only
+            raise UserError(f"{path} holds no loss yet (only the lines that describe the run); plot it once the run "
+                            "has logged a step")
         if not panels(series):
             raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
                             "there is nothing to draw until the run logs a finite one")
-        parsed.append((name if len(runs) > 1 else None, series, tokens_per_step(path) if args.x == "tokens" else None))
+        to_x = None  # --x time: the run's seconds before each step for now, made an x below (a unit for all runs)
+        if args.x == "tokens":
+            to_x = functools.partial(scaled, tokens_per_step(path))
+        elif args.x == "time":
+            to_x = seconds_before(path, series)
+        if on_fineweb_edu(series) is None and any(is_loss(kind) for kind, _ in series.items()):
+            print(f"note: {path} does not say whether its validation text is FineWeb-Edu's (a log of an older "
+                  f"train_gpt2.py), so OpenAI GPT-2's FineWeb-Edu val loss ({GPT2_124M_VAL_LOSS}) is not drawn for it")
+        parsed.append([name if len(runs) > 1 else None, series, to_x])
+    if args.x == "time":
+        x_label, to_xs = time_axis([elapsed for _, _, elapsed in parsed])
+        for run, to_x in zip(parsed, to_xs):
+            run[2] = to_x
     title = runs[0][1] if len(runs) == 1 else None
     try:
         with warnings.catch_warnings():  # numpy's overflow warnings, before the error below
             warnings.simplefilter("ignore", RuntimeWarning)
-            fig = build_comparison(parsed, title=title, smooth=args.smooth, zoom=args.zoom)
+            fig = build_comparison(parsed, title=title, smooth=args.smooth, zoom=args.zoom, x_label=x_label)
             # an existing plot is replaced only by a complete one; through a link, the PNG it points to is
             with output_file(out, "wb") as f:
                 fig.savefig(f, format="png", dpi=100)

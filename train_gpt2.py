@@ -54,7 +54,7 @@ from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
-from nanogpt.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
+from nanogpt.tokenizer import GPT2_VOCAB_SIZE, SAMPLE_PROMPT, get_tokenizer
 
 # -----------------------------------------------------------------------------
 # Model config
@@ -570,6 +570,7 @@ class DataLoaderLite:
                             f"(or fineweb.py --input FILE... --output_dir {data_dir}) to make them")
         need = B * T * world_size + 1
         sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
+        self.split_tokens = sum(sizes.values())
         self.shards = [path for path in found if sizes[path] >= need]
         # the tokens one epoch reads: whole strides of each shard (its last partial stride is passed over)
         self.total_tokens = sum((sizes[path] - 1) // (need - 1) * (need - 1) for path in self.shards)
@@ -847,7 +848,8 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                     run.log(step, f"core {result['core']:.4f}", {"core/score": result["core"]},
                             f"step {step:5d} | CORE {result['core']:.4f} ({len(result['tasks'])} tasks)")
                 if step > 0 and run.due(step, args.sample_every) and (run.master or run.fsdp):  # FSDP: every rank
-                    run.say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step)))
+                    run.say("\n".join(sample_lines(raw_model, tokenizer, device, autocast, args.seed + step,
+                                                    args.sample_prompt)))
 
             # --------------- TRAINING SECTION BEGIN -----------------------------------------
             model.train()
@@ -1007,6 +1009,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
+              warnings=arguments.settings_that_cannot_hold(args, val_loader),
               flops_per_token=peak and raw_model.flops_per_token(args.seq_len, run.say),  # (where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
@@ -1129,6 +1132,8 @@ def build_parser():
     g.add_argument("--core_max_per_task", type=int, default=500, at_least=1, needs=("core_every", "N"),
                    help="score the first N of each CORE task's shuffled examples (nanochat scores 500 in training)")
     g.add_argument("--sample_every", type=int, default=250, at_least=0, help="print samples every N steps")
+    g.add_argument("--sample_prompt", default=SAMPLE_PROMPT, needs=("sample_every", "N"),
+                   help="the text the samples continue (24 tokens each)")
     g.add_argument("--save_every", type=int, default=5000, at_least=0,
                    help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
     g.add_argument("--keep_checkpoints", type=int, default=0, at_least=0,

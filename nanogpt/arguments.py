@@ -16,6 +16,7 @@ from nanogpt.config_fields import refuse_another_model
 from nanogpt.files import CPUS
 from nanogpt.shard_manifest import REPEATED_INPUT
 from nanogpt.text_inputs import INPUT_TYPES, open_parquet
+from nanogpt.tokenizer import get_tokenizer, prompt_tokens
 
 
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
@@ -105,10 +106,37 @@ def check_args(args, run_presets, options):
         raise UserError("--overwrite starts a new run over the one in --log_dir, --resume continues it; pick one")
 
 
-def check_schedule(args, master):
-    if master and args.warmup_steps and args.warmup_steps * 2 >= args.max_steps:
-        print(f"note: --warmup_steps {args.warmup_steps} covers half or more of the {args.max_steps}-step run, "
-              "so the learning rate spends most of it warming up; lower --warmup_steps for a short run")
+def settings_that_cannot_hold(args, val_loader=None):
+    """A line for each setting the run will not keep to, said at its start (warnings: the run goes on): a warm-up
+    as long as the run or longer (the learning rate's, Muon's momentum's, the batch's), or covering half of it, and a
+    validation that asks for more tokens than the val split holds (val_loader: DataLoaderLite's of the val split,
+    whose stride is one batch of every rank)."""
+    from nanogpt.optimizers import MATRIX_OPTIMIZERS, MUON_MOMENTUM  # (torch: not at the top, which fineweb.py imports)
+
+    lines, steps = [], args.max_steps
+    if args.warmup_steps >= steps:
+        lines.append(f"--warmup_steps {args.warmup_steps} is not shorter than the {steps}-step run: the learning rate "
+                     "is still warming up when it ends, and never comes down; lower --warmup_steps")
+    elif args.warmup_steps and args.warmup_steps * 2 >= steps:
+        lines.append(f"--warmup_steps {args.warmup_steps} covers half or more of the {steps}-step run, so the "
+                     "learning rate spends most of it warming up; lower --warmup_steps for a short run")
+    momentum = args.muon_momentum_warmup if "muon_momentum_warmup" in MATRIX_OPTIMIZERS[args.optimizer].flags else 0
+    if momentum >= steps:
+        lines.append(f"--muon_momentum_warmup {momentum} is not shorter than the {steps}-step run: Muon's momentum "
+                     f"is still climbing to {MUON_MOMENTUM[1]} when it ends; lower --muon_momentum_warmup")
+    if args.batch_size_warmup_tokens >= steps * args.total_batch_size:
+        lines.append(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens:,} is more than the run's {steps} "
+                     f"steps of at most {args.total_batch_size:,} tokens: the batch is still growing when it ends; "
+                     "lower --batch_size_warmup_tokens")
+    if val_loader is not None:
+        stride = val_loader.B * val_loader.T * val_loader.world_size  # one validation batch of every rank
+        held = val_loader.total_tokens // stride  # batches of the split, in whole batches of each shard
+        if args.val_steps > held:
+            lines.append(f"validation reads {args.val_steps * stride:,} tokens ({args.val_steps} val_steps x "
+                         f"{val_loader.B} x {val_loader.T} x {val_loader.world_size} ranks), but the val split holds "
+                         f"{val_loader.split_tokens:,} ({held} such batches): its last {args.val_steps - held} "
+                         f"batch(es) read the first again; give --val_steps {held}, or make a larger val split")
+    return lines
 
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -530,10 +558,20 @@ def check_scoring_context(block_size, what, fix):
 
 
 def check_evaluations_context(args, config):
-    """The loop's HellaSwag and CORE, refused before the log folder is made where the model cannot score them."""
+    """The loop's HellaSwag and CORE, refused before the log folder is made where the model cannot score them; a
+    --sample_prompt given that is not UTF-8 or that the model's context cannot hold, likewise."""
     for flag, what in (("hellaswag_every", "HellaSwag endings"), ("core_every", "CORE's continuations")):
         if getattr(args, flag):
             check_scoring_context(config.block_size, what, f"give --seq_len 2 or more, or --{flag} 0")
+    if args.sample_every and "sample_prompt" in args.explicit:
+        try:
+            args.sample_prompt.encode("utf-8")  # undecodable bytes of the command line arrive as lone surrogates
+        except UnicodeEncodeError:
+            raise UserError("--sample_prompt is not valid UTF-8 text; give the prompt in UTF-8") from None
+        tokens = len(prompt_tokens(get_tokenizer(), args.sample_prompt))
+        if tokens > config.block_size:
+            raise UserError(f"--sample_prompt is {tokens} tokens, longer than the model's context of "
+                            f"{config.block_size}; shorten it")
 
 
 def check_log_dir(log_dir):

@@ -238,6 +238,23 @@ def lock_folder(folder, lock_name, flag, writer):
     return fd
 
 
+@contextmanager
+def clearing_new_folders(folder):
+    """The folders of folder's path that do not exist when the block starts (folder too) are removed at its end if
+    they are empty then (the block made them, then was refused or failed), the deepest first: one that holds
+    something stays, and so do those above it."""
+    new, parent = [], os.path.abspath(folder)
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        new.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        yield
+    finally:
+        for path in new:
+            with suppress(OSError):
+                os.rmdir(path)
+
+
 def lock_holder(fd):
     """' (process PID on HOST)' from a lock file's text, or '' when it does not say."""
     with suppress(OSError):

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import check_exportable
-from nanogpt.files import disk_advice, lock_folder, unlock_folder
+from nanogpt.files import clearing_new_folders, disk_advice, lock_folder, unlock_folder
 from nanogpt.layers import RMS_EPS
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -277,31 +277,37 @@ def export_hf(model, out_dir, also=None):
     out_dir = os.path.abspath(out_dir)
     umask = os.umask(0)
     os.umask(umask)
-    clear_abandoned_exports(out_dir)
-    try:  # written beside out_dir under a new name, then renamed: never a half export under out_dir
-        tmp = tempfile.mkdtemp(dir=os.path.dirname(out_dir), prefix=os.path.basename(out_dir) + ".", suffix=".tmp")
-        lock = lock_folder(tmp, EXPORT_LOCK, "--export_hf", "another export")  # marks it as a live export's
-    except OSError as e:
-        raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
-    try:
-        with quiet_transformers():  # no "Writing model shards" bar on stderr
-            hf_model.save_pretrained(tmp, safe_serialization=True)
-        added = also(tmp) if also is not None else None
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
-        unlock_folder(tmp, EXPORT_LOCK, lock)
-        lock = None
-        if os.path.isdir(out_dir):
-            os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
-        os.replace(tmp, out_dir)
-    except BaseException as e:
-        unlock_folder(tmp, EXPORT_LOCK, lock)
-        shutil.rmtree(tmp, ignore_errors=True)
-        from safetensors import SafetensorError  # a full disk while safetensors writes (it reports its own way)
+    parent = os.path.dirname(out_dir)
+    with clearing_new_folders(parent):  # folders made above out_dir go again if the export fails
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
+        clear_abandoned_exports(out_dir)
+        try:  # written beside out_dir under a new name, then renamed: never a half export under out_dir
+            tmp = tempfile.mkdtemp(dir=parent, prefix=os.path.basename(out_dir) + ".", suffix=".tmp")
+            lock = lock_folder(tmp, EXPORT_LOCK, "--export_hf", "another export")  # marks it as a live export's
+        except OSError as e:
+            raise UserError(f"cannot write --export_hf {out_dir} ({e.strerror or e}); pick another folder") from None
+        try:
+            with quiet_transformers():  # no "Writing model shards" bar on stderr
+                hf_model.save_pretrained(tmp, safe_serialization=True)
+            added = also(tmp) if also is not None else None
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private; the export is as any new folder
+            unlock_folder(tmp, EXPORT_LOCK, lock)
+            lock = None
+            if os.path.isdir(out_dir):
+                os.rmdir(out_dir)  # only an empty directory is replaced (checked above)
+            os.replace(tmp, out_dir)
+        except BaseException as e:
+            unlock_folder(tmp, EXPORT_LOCK, lock)
+            shutil.rmtree(tmp, ignore_errors=True)
+            from safetensors import SafetensorError  # a full disk while safetensors writes (it reports its own way)
 
-        if isinstance(e, (OSError, SafetensorError)):
-            raise UserError(f"cannot write --export_hf {out_dir} ({getattr(e, 'strerror', None) or brief(e)}); "
-                            f"{disk_advice(e)}pick another folder (nothing was left behind)") from None
-        raise
+            if isinstance(e, (OSError, SafetensorError)):
+                raise UserError(f"cannot write --export_hf {out_dir} ({getattr(e, 'strerror', None) or brief(e)}); "
+                                f"{disk_advice(e)}pick another folder (nothing was left behind)") from None
+            raise
     return kind, added
 
 
@@ -334,8 +340,11 @@ def check_export_dir(out_dir):
         raise UserError(f"--export_hf {out_dir} already exists; "
                         "remove it or give a new directory (nothing was changed)")
     parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.lexists(parent):  # folders that do not exist yet are made (export_hf)
+        parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise UserError(f"--export_hf {out_dir}: the folder {parent} does not exist; create it or give another path")
+        raise UserError(f"--export_hf {out_dir}: {parent} is not a folder; give a path under a folder "
+                        "(nothing was changed)")
 
 
 # -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from nanogpt.evaluation import out_of_memory_said
 from nanogpt.runtime import all_reduce_mean
-from nanogpt.tokenizer import SAMPLE_PROMPT, decode_sample, format_sample
+from nanogpt.tokenizer import SAMPLE_PROMPT, decode_sample, format_sample, prompt_tokens
 
 
 class Evaluated(nn.Module):
@@ -51,12 +51,13 @@ def validation_loss(model, loader, steps, device, autocast, ddp, world_size, los
     return all_reduce_mean(total, ddp, world_size).item()
 
 
-def sample_lines(model, tokenizer, device, autocast, seed, num_samples=4, length=32):
-    """The loop's samples: continuations of SAMPLE_PROMPT, as in build-nanogpt."""
-    prompt = torch.tensor([tokenizer.encode(SAMPLE_PROMPT)] * num_samples, device=device)
+def sample_lines(model, tokenizer, device, autocast, seed, prompt=SAMPLE_PROMPT, num_samples=4, new_tokens=24):
+    """The loop's samples: continuations of prompt (--sample_prompt) by new_tokens tokens each, as in build-nanogpt
+    (32 tokens in all with its 8-token prompt, SAMPLE_PROMPT)."""
+    prompt = torch.tensor([prompt_tokens(tokenizer, prompt)] * num_samples, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     fix = ("the training loop's --batch_size does not size them: pass --sample_every 0 to turn them off, and sample "
            "the saved checkpoints with generate_tokens.py")
     with out_of_memory_said(device, f"{num_samples} samples in the training loop", fix), autocast:
-        out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
+        out = model.generate(prompt, new_tokens, top_k=50, generator=gen)
     return [format_sample(i, num_samples, decode_sample(tokenizer, row)) for i, row in enumerate(out.tolist())]

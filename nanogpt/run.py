@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from nanogpt.arguments import check_schedule, widening_flags
+from nanogpt.arguments import widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
 from nanogpt.cli import ReportedByRankZero, UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
+from nanogpt.log_kinds import PARAMS, STEP_MS, VAL_FINEWEB_EDU
 from nanogpt.optimizers import MATRIX_OPTIMIZERS, rates_beside
 from nanogpt.runlog import RunLog, number_lines, run_summary, step_line, step_scalars
 from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
                              local_peers, peer_gone, peer_gone_error)
+from nanogpt.shard_manifest import says_fineweb_edu
 from nanogpt.sharding import gathered_state_dicts, optimizer_state_line
 
 
@@ -60,8 +62,9 @@ class Run:
         self.rank0.agree()
 
     def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
-              flops_per_token, peak, fixed=None):
-        """Everything is checked and built: open the log folder (rank 0) and print the run's header. What a
+              flops_per_token, peak, fixed=None, warnings=()):
+        """Everything is checked and built: open the log folder (rank 0) and print the run's header, then the
+        warnings about its settings (arguments.settings_that_cannot_hold's lines). What a
         checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
         loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
         validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
@@ -75,7 +78,12 @@ class Run:
             optimizer.train()
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
-        check_schedule(self.args, self.master)
+        for line in warnings:  # with the header, on stdout: advice on the run's settings
+            self.say(f"warning: {line}")
+        if ckpt is None:  # what a plot of the log shows beside its curves (nanogpt.log_kinds)
+            fineweb_edu = int(says_fineweb_edu(self.args.data_dir))
+            self.rank0.do(self.log_file.record, start_step, f"{PARAMS} {model.num_params()}", {})
+            self.rank0.do(self.log_file.record, start_step, f"{VAL_FINEWEB_EDU} {fineweb_edu}", {})
         # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
         # time limit) end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
@@ -204,6 +212,7 @@ class Run:
                                                    *number_lines(numbers or {})],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
                                    numbers, finite))
+        self.rank0.do(self.log_file.record, step, f"{STEP_MS} {dt * 1000:.1f}", {})
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())

@@ -14,6 +14,7 @@ import torch
 from nanogpt.checkpoints import CHECKPOINT_RE, find_checkpoints
 from nanogpt.cli import UserError, brief
 from nanogpt.files import atomic_write, disk_advice, lock_folder, temporary_of, unlock_folder
+from nanogpt.log_kinds import RUN_KINDS, timed_steps
 from nanogpt.runtime import console
 
 
@@ -148,7 +149,7 @@ class RunLog:
         if self.tensorboard is not None:
             for name, value in scalars.items():
                 self.tensorboard.add_scalar(name, value, step)
-        if self.wandb is not None:
+        if self.wandb is not None and scalars:  # (a line that describes the run has none)
             self.wandb.log(scalars, step=step)
 
     def close(self):
@@ -225,8 +226,9 @@ def step_line(step, max_steps, loss, lr, norm, dt, tokens, flops_per_token, peak
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
 
-# log.txt's kinds of build-nanogpt's lines and this program's evaluations: no number of batch_loss may take them
-OWN_KINDS = ("train", "skipped", "val", "hella", "core")
+# log.txt's kinds of build-nanogpt's lines, this program's evaluations and the lines that describe a run: no number of
+# batch_loss may take them
+OWN_KINDS = ("train", "skipped", "val", "hella", "core", *RUN_KINDS)
 
 
 def number_lines(numbers):
@@ -268,7 +270,7 @@ def run_summary(step_times, flops_per_token, peak, device_type, val_loss, wall, 
     (the GPU's allocations on CUDA, else the process's resident memory), the tokens trained on in the whole
     run (and how many epochs of the train split that is), the last val loss and the wall time. step_times:
     this session's (seconds, tokens) of each step; run_steps: the run's steps so far, this session's included."""
-    timed = step_times[min(len(step_times) // 5, 10):] or step_times
+    timed = timed_steps(step_times)
     if not timed:
         return "summary: no steps run"
     seconds, tokens = zip(*timed)

@@ -9,11 +9,12 @@ import json
 import os
 import re
 from collections import Counter
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 from nanogpt.cli import UserError, brief
-from nanogpt.files import atomic_write, content_hash, lock_folder, temporary_of, unlock_folder
+from nanogpt.files import atomic_write, clearing_new_folders, content_hash, lock_folder, temporary_of, unlock_folder
 from nanogpt.shards import SHARD_HEADER_INTS, list_shards
+from nanogpt.text_inputs import DEFAULT_DATASET
 
 # in --output_dir while a run writes it: no shard's name (those hold _val_ or _train_), never in manifest.json
 OUTPUT_DIR_LOCK = "fineweb.lock"
@@ -26,11 +27,7 @@ def locked_output_dir(out):
     two runs into one folder would each read the manifest, then interleave their shards and manifests. A
     second run is refused in one line before it reads or changes anything there. The folders this run made
     are removed again if it leaves them empty (a refusal)."""
-    made, parent = [], os.path.abspath(out)
-    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
-        made.append(parent)
-        parent = os.path.dirname(parent)
-    try:
+    with clearing_new_folders(out):
         try:
             os.makedirs(out, exist_ok=True)
         except OSError as e:
@@ -40,10 +37,17 @@ def locked_output_dir(out):
             yield
         finally:
             unlock_folder(out, OUTPUT_DIR_LOCK, lock)
-    finally:
-        for folder in made:  # the deepest first; one that is not empty stays, and so do those above it
-            with suppress(OSError):
-                os.rmdir(folder)
+
+
+def says_fineweb_edu(data_dir):
+    """Whether data_dir's manifest.json says its shards were tokenized from FineWeb-Edu (fineweb.py from the hub
+    dataset HuggingFaceFW/fineweb-edu, any of its samples); False where it names another source (local files, another
+    dataset, a --download repo, whose content it does not know), cannot be read, or is not there."""
+    try:
+        with open(os.path.join(data_dir, "manifest.json")) as f:
+            return json.load(f)["args"]["dataset"] == DEFAULT_DATASET
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
 
 
 def save_json(path, obj):

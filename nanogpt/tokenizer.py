@@ -63,6 +63,12 @@ def get_tokenizer():
                              special_tokens={"<|endoftext|>": EOT_TOKEN})
 
 
+def prompt_tokens(tokenizer, text):
+    """The tokens of a prompt to sample from: `<|endoftext|>` written in it is that token, and an empty prompt
+    starts a fresh document, the way GPT-2 samples unconditionally."""
+    return tokenizer.encode(text, allowed_special={"<|endoftext|>"}) or [EOT_TOKEN]
+
+
 def decode_sample(tokenizer, tokens, stop_token=None):
     """Text of generated tokens: cut at stop_token, and never a padded-vocabulary id (no text)."""
     if stop_token is not None and stop_token in tokens:

@@ -99,13 +99,32 @@ TINY_RUN_FLAGS = [flag for before, flag in zip([None, *TINY_FLAGS], TINY_FLAGS)
 
 
 def read_log(log_dir):
-    """{kind: {step: value}} from log.txt, parsed independently of the trainer."""
+    """{kind: {step: value}} from log.txt, parsed independently of the trainer; each step's time (`step_ms`) left
+    out, as it differs between runs of the same numbers."""
     out = {}
     with open(os.path.join(log_dir, "log.txt")) as f:
         for line in f:
             step, kind, value = line.split()[:3]
-            out.setdefault(kind, {})[int(step)] = float(value)
+            if kind != "step_ms":
+                out.setdefault(kind, {})[int(step)] = float(value)
     return out
+
+
+# log.txt's kinds that describe the run rather than its numbers (nanogpt/log_kinds.py), typed in here
+RUN_KINDS = ("step_ms", "params", "val_fineweb_edu")
+
+
+def numbers_logged(log_dir):
+    """log.txt's text without its step_ms lines (each step's time, which differs from run to run): what two runs of
+    the same numbers (a straight run and a resumed one, say) write alike, byte for byte."""
+    with open(os.path.join(log_dir, "log.txt")) as f:
+        return "".join(line for line in f if line.split()[1:2] != ["step_ms"])
+
+
+def build_nanogpt_lines(log_dir):
+    """log.txt's text without the lines that describe the run (RUN_KINDS): the lines build-nanogpt's loop writes."""
+    with open(os.path.join(log_dir, "log.txt")) as f:
+        return "".join(line for line in f if not set(line.split()[1:2]) & set(RUN_KINDS))
 
 
 STEP_RE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.]+) \| lr \S+ (?:\| muon lr \S+ )?\| norm ([\d.]+)")

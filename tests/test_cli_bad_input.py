@@ -282,8 +282,8 @@ def test_generate_bad_input_table(files, capsys, tmp_path):
         (export + ["--export_hf", ""], "--export_hf"),
         (export + ["--export_hf", str(a_file)], "already exists"),
         (export + ["--export_hf", str(occupied)], "already exists"),
-        (export + ["--export_hf", str(tmp_path / "no" / "such" / "dir")], "does not exist"),
-        (export + ["--export_hf", str(a_file / "sub")], "does not exist"),
+        (export + ["--export_hf", str(a_file / "sub")], "a_file.txt is not a folder"),
+        (export + ["--export_hf", str(a_file / "sub" / "deeper")], "a_file.txt is not a folder"),
         (export + ["--export_hf", str(link_to_empty)], "is a link"),
         (good + ["--export_hf", str(tmp_path / "new")], "drop --prompt"),  # sampling flags would be ignored
         # given, even at its default value, it would be ignored as silently

@@ -162,3 +162,25 @@ def test_the_commands_of(doc, tmp_path):
             code, output = run_block(commands, project, env)
             said = f"ran past {BLOCK_TIMEOUT} s" if code is None else f"exit code {code}"
             assert code == 0, f"{doc}:{line}: {said}\n{commands}\n{output[-4000:]}"
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_commands_with_a_small_random_gpt2(tmp_path, monkeypatch):
+    """docs/training.md's fine-tuning block needs GPT-2's weights in gpt2-local/ (500 MB, brought from a machine with
+    the internet): it runs as written with a random transformers GPT-2 of two layers saved there in their place, and
+    the run trains that model (the parameters its log gives are transformers' count of it)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    blocks = [commands for _, commands, reason in read_blocks("docs/training.md")[0]
+              if reason and "a small random GPT-2" in reason]
+    assert len(blocks) == 1
+    project = copy_of_project(tmp_path)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=256))
+    model.save_pretrained(project / "gpt2-local")
+    # four scripts, the tokenizing of a 1.8 MB text and 20 steps: more than one block's minute on a busy machine
+    monkeypatch.setattr(sys.modules[__name__], "BLOCK_TIMEOUT", 3 * BLOCK_TIMEOUT)
+    code, output = run_block(blocks[0], project, shell_env(tmp_path))
+    assert code == 0, f"{'ran past the limit' if code is None else code}\n{blocks[0]}\n{output[-4000:]}"
+    log = (project / "log" / "mine" / "log.txt").read_text().splitlines()
+    assert f"0 params {model.num_parameters()}" in log
+    assert (project / "log" / "mine" / "plot.png").is_file()

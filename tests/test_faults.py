@@ -25,8 +25,9 @@ from nanogpt import arguments
 from nanogpt.arguments import counted_parameters, estimated_bytes
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint, save_checkpoint
 from nanogpt.shards import write_shard
-from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, make_shards, read_log,
-                      run_script, script_cli, train, truncate_half, write_hellaswag)
+from nanogpt.tokenizer import get_tokenizer
+from conftest import (ROOT, TINY_FLAGS, TINY_RUN_FLAGS, assert_cli_error, assert_one_line_error, make_shards,
+                      numbers_logged, read_log, run_script, script_cli, train, truncate_half, write_hellaswag)
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
@@ -293,8 +294,7 @@ def test_a_bare_resume_continues_the_same_run(shards, tmp_path):
     train_gpt2.main([*run, "--log_dir", resumed, "--max_steps", "8"])
     os.remove(os.path.join(resumed, "model_00007.pt"))
     train_gpt2.main(["--log_dir", resumed, "--resume"])
-    with open(os.path.join(straight, "log.txt")) as a, open(os.path.join(resumed, "log.txt")) as b:
-        assert a.read() == b.read()
+    assert numbers_logged(straight) == numbers_logged(resumed)
 
 
 def test_a_changed_flag_on_resume_is_reported(shards, tmp_path, capsys):
@@ -389,6 +389,27 @@ def test_init_from_a_hub_name_offline_fails_at_once(shards, tmp_path):
     result = run_script(["train_gpt2.py", *TINY_RUN_FLAGS, "--data_dir", shards, "--log_dir", str(tmp_path / "log"),
                          "--init_from", "gpt2"], env=env)
     assert_one_line_error(result, "--init_from gpt2", "not in the Hugging Face cache")
+
+
+def test_init_from_a_hub_name_offline_reads_a_copied_hub_cache(tmp_path):
+    """What docs/training.md says to copy to an offline machine: the hub cache of the name `gpt2`
+    (HF_HOME/hub/models--gpt2, as `from_pretrained("gpt2")` fills it elsewhere) is read with no network. A random
+    model of GPT-2 124M's shape stands in for OpenAI's weights; one greedy token from it, as transformers computes it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config())  # GPT-2 124M's shape, which --init_from gpt2 expects
+    snapshot = tmp_path / "hf" / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
+    model.save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = run_script(["generate_tokens.py", "--init_from", "gpt2", "--prompt", "Hello", "--max_new_tokens", "1",
+                         "--num_samples", "1", "--temperature", "0"], env=env)
+    assert result.returncode == 0, result.stderr
+    with torch.no_grad():
+        token = model(torch.tensor([[15496]])).logits[0, -1].argmax().item()  # "Hello" is GPT-2's token 15496
+    assert result.stdout == f"--- sample 1/1 ---\nHello{get_tokenizer().decode([token])}\n"
 
 
 @pytest.mark.parametrize("body, code", [("print('done', end='')", 0), ("print('done', end=''); raise UserError('bad flag')", 2),

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import (TINY_FLAGS, assert_cli_error, count_validation_tokens, load_weights, make_shards, read_log,
-                      run_script, script_cli, torchrun)
+from conftest import (TINY_FLAGS, assert_cli_error, count_validation_tokens, load_weights, make_shards, numbers_logged,
+                      read_log, run_script, script_cli, torchrun)
 from nanogpt.fitting import candidate_batch_sizes, smaller_batch_size, trial_step
 from nanogpt.optimizers import OptimizerSettings
 from oom_worker import failing_above
@@ -29,7 +29,7 @@ def tiny_run(data, log_dir, batch_size="auto"):
 
 
 def logs_and_weights_equal(a, b, step=5):
-    assert open(os.path.join(a, "log.txt")).read() == open(os.path.join(b, "log.txt")).read()
+    assert numbers_logged(a) == numbers_logged(b)
     wa, wb = (load_weights(os.path.join(d, f"model_{step:05d}.pt")) for d in (a, b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -290,7 +290,7 @@ def test_validation_reads_the_same_tokens_after_a_retry_and_a_resume(tmp_path, m
     monkeypatch.undo()
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
     train_gpt2.main([*tiny_run(data, resumed, None), *evals, "--resume"])
-    assert open(resumed / "log.txt").read() == open(tmp_path / "retried" / "log.txt").read()
+    assert numbers_logged(resumed) == numbers_logged(tmp_path / "retried")
     monkeypatch.undo()
     train_gpt2.main([*tiny_run(data, tmp_path / "reference", 4), *evals])
     val, want = (read_log(str(tmp_path / d))["val"] for d in ("resumed", "reference"))

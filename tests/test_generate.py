@@ -537,6 +537,24 @@ def test_export_takes_over_no_file_of_the_users(ckpt, tmp_path, capsys, monkeypa
     assert os.path.isfile(tmp_path / "here" / "config.json")
 
 
+def test_export_makes_the_folders_above_it_and_takes_them_back_when_it_fails(ckpt, tmp_path, capsys, monkeypatch):
+    """--export_hf into a folder whose parents do not exist yet makes them (as fineweb.py's --output_dir and
+    --log_dir are made); an export that fails removes the folders it made, and only those."""
+    out = tmp_path / "exports" / "2024" / "mine"
+    cli_main(["--checkpoint", ckpt, "--export_hf", str(out)], capsys)
+    assert os.path.isfile(out / "config.json") and os.listdir(tmp_path) == ["exports"]
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    with pytest.raises(UserError, match="No space left on device"):
+        cli_main(["--checkpoint", ckpt, "--export_hf", str(tmp_path / "exports" / "new" / "deeper" / "mine")], capsys)
+    assert os.listdir(tmp_path / "exports") == ["2024"]  # exports/ was there already: it stays, new/ and below go
+
+
 def test_export_refuses_an_existing_directory(ckpt, tmp_path, capsys):
     occupied = tmp_path / "occupied"
     occupied.mkdir()

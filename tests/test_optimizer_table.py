@@ -16,8 +16,8 @@ import torch
 
 import train_gpt2
 from averaged_adamw import AveragedAdamW, averaged_entry
-from conftest import (ROOT, TINY_FLAGS, assert_cli_error, make_shards, read_log, run_script, script_cli,
-                      straight_and_resumed)
+from conftest import (ROOT, TINY_FLAGS, assert_cli_error, make_shards, numbers_logged, read_log, run_script,
+                      script_cli, straight_and_resumed)
 from nanogpt import arguments, optimizers
 from nanogpt.checkpoints import find_checkpoints, load_checkpoint
 from nanogpt.optimizers import MatrixOptimizer, OptimizerSettings, parameters_by_role
@@ -37,8 +37,7 @@ def sgd_entry(monkeypatch):
 
 def test_a_new_entry_trains_checkpoints_and_resumes_exactly(sgd_entry, tmp_path, capsys):
     runs = straight_and_resumed(tmp_path, ["--optimizer", "sgd"])
-    with open(os.path.join(runs["straight"], "log.txt")) as a, open(os.path.join(runs["resumed"], "log.txt")) as b:
-        assert a.read() == b.read()
+    assert numbers_logged(runs["straight"]) == numbers_logged(runs["resumed"])
     ckpt = load_checkpoint(find_checkpoints(runs["straight"])[0])
     assert set(ckpt["optimizer"]) == {"sgd", "adamw"}
     assert all("momentum_buffer" in s for s in ckpt["optimizer"]["sgd"]["state"].values())
@@ -108,8 +107,7 @@ def test_an_optimizer_with_modes_trains_and_resumes_exactly(averaged, tmp_path, 
     saving. Of the whole model, or of the matrices beside AdamW."""
     averaged(0.5, takes)
     runs = straight_and_resumed(tmp_path, ["--optimizer", "averaged", *HELD])
-    with open(os.path.join(runs["straight"], "log.txt")) as a, open(os.path.join(runs["resumed"], "log.txt")) as b:
-        assert a.read() == b.read()
+    assert numbers_logged(runs["straight"]) == numbers_logged(runs["resumed"])
     ckpt = load_checkpoint(find_checkpoints(runs["straight"])[0])
     if takes == "model":  # one optimizer over every parameter, AdamW's and the average's state
         states = ckpt["optimizer"]["state"].values()

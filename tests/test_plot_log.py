@@ -17,7 +17,8 @@ from nanogpt.cli import UserError
 # the quick check of a change to the model, which cannot break these alone.
 pytestmark = pytest.mark.slow
 
-LOG = """0 val 10.9876
+LOG = """0 val_fineweb_edu 1
+0 val 10.9876
 0 hella 0.2500
 0 train 10.991234
 1 train 9.500000
@@ -53,7 +54,7 @@ def write(path, text):
 
 def test_parse_log_series(tmp_path):
     series = plot_log.parse_log(write(tmp_path / "log.txt", LOG))
-    assert sorted(series) == ["hella", "skipped", "train", "val"]  # `2 train nan skipped`: a step not applied
+    assert sorted(series) == ["hella", "skipped", "train", "val", "val_fineweb_edu"]  # `2 train nan skipped`: not applied
     assert series["train"] == ([0, 1, 3, 4, 5], [10.991234, 9.5, 7.25, 3.95, 3.5])
     steps, values = series["skipped"]
     assert steps == [2] and math.isnan(values[0])
@@ -172,7 +173,7 @@ def test_reference_lines_only_inside_the_picture(tmp_path):
     lo, hi = fig.axes[0].get_ylim()
     assert 5.5 < lo < 6.0 and 11.0 < hi < 11.5  # fitted to the data
     # a run from 3.6 down to 3.25 without a 4.0 crossing: the line is in its range
-    fig = figure(tmp_path, "0 val 3.6\n1 val 3.25\n")
+    fig = figure(tmp_path, "0 val_fineweb_edu 1\n0 val 3.6\n1 val 3.25\n")
     assert list(find(lines_by_label(fig.axes[0]), "OpenAI GPT-2").get_ydata()) == [PUBLISHED_GPT2_VAL_LOSS] * 2
     # HellaSwag at 0.30-0.34: both references
     fig = figure(tmp_path, "0 hella 0.30\n1 hella 0.34\n")
@@ -213,7 +214,7 @@ def test_zoom_keeps_every_val_point_and_no_zoom_every_point(tmp_path):
     assert lo <= 3.95 and hi >= 10.7  # every val point, and the lowest train one
     assert_references_inside(fig.axes[0])
     # val under 4.0 all along: build-nanogpt's top, the early train loss cropped; GPT-2's line inside
-    text = "".join(f"{s} train {11 - 0.8 * s}\n" for s in range(10)) + "5 val 3.9\n9 val 3.85\n"
+    text = "0 val_fineweb_edu 1\n" + "".join(f"{s} train {11 - 0.8 * s}\n" for s in range(10)) + "5 val 3.9\n9 val 3.85\n"
     fig = figure(tmp_path, text)
     lo, hi = fig.axes[0].get_ylim()
     assert lo <= 2.8 and hi == PUBLISHED_LOSS_TOP

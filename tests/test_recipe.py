@@ -19,7 +19,8 @@ from nanogpt.checkpoints import find_checkpoints
 from nanogpt import runtime
 from nanogpt.runtime import choose_compile
 from nanogpt.shards import document_starts, read_shard, write_shard
-from conftest import TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, read_log, run_script, torchrun
+from conftest import (TINY_FLAGS, assert_one_line_error, assert_same_norms, make_shards, numbers_logged, read_log,
+                      run_script, torchrun)
 
 # The full suite's: distributed runs, faults, trackers and the data pipeline. `pytest -m "not slow"` (README) is
 # the quick check of a change to the model, which cannot break these alone.
@@ -172,8 +173,7 @@ def test_resume_mid_epoch_equals_the_straight_run(tmp_path):
     for step in (5, 7):  # as if the run died after step 2's checkpoint, in the middle of epoch 0
         os.remove(str(tmp_path / "cut" / f"model_{step:05d}.pt"))
     shuffled_run(data, str(tmp_path / "cut"), *run, "--resume")
-    with open(tmp_path / "straight" / "log.txt") as f, open(tmp_path / "cut" / "log.txt") as g:
-        assert f.read() == g.read()
+    assert numbers_logged(tmp_path / "straight") == numbers_logged(tmp_path / "cut")
     straight, cut = (torch.load(str(tmp_path / d / "model_00007.pt"), weights_only=True)["loader"] for d in ("straight", "cut"))
     assert straight == cut and cut["epoch"] == 1 and cut["seed"] == 1337
 
@@ -268,8 +268,7 @@ def test_resume_mid_ramp_equals_the_straight_run(shards, tmp_path):
     for step in (3, 5):  # resume after step 1, at the ramp's start
         os.remove(str(tmp_path / "cut" / f"model_{step:05d}.pt"))
     train_gpt2.main([*run, "--log_dir", str(tmp_path / "cut"), "--resume"])
-    with open(tmp_path / "straight" / "log.txt") as f, open(tmp_path / "cut" / "log.txt") as g:
-        assert f.read() == g.read()
+    assert numbers_logged(tmp_path / "straight") == numbers_logged(tmp_path / "cut")
     straight, cut = (torch.load(str(tmp_path / d / "model_00005.pt"), weights_only=True) for d in ("straight", "cut"))
     assert straight["tokens"] == cut["tokens"] == sum(ramp_tokens(6, 128, 512, 1000, 128))
     assert straight["loader"] == cut["loader"]
@@ -496,8 +495,7 @@ def test_default_compile_that_cannot_work_is_said_once_and_the_run_goes_on(shard
     notes = [line for line in out.splitlines() if "torch.compile does not work" in line]
     assert len(notes) == 1 and "Cannot find a working triton installation" in notes[0] and "running uncompiled" in notes[0]
     assert "compile False" in out
-    with open(tmp_path / "eager" / "log.txt") as f, open(tmp_path / "fallback" / "log.txt") as g:
-        assert f.read() == g.read()
+    assert numbers_logged(tmp_path / "eager") == numbers_logged(tmp_path / "fallback")
 
 
 def test_explicit_compile_that_cannot_work_is_one_line(shards, tmp_path, monkeypatch):

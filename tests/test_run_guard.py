@@ -152,11 +152,16 @@ def test_a_checkpoint_rank_0_cannot_write_mid_run_ends_both_ranks_in_one_line(sh
 
 
 def test_a_log_rank_0_cannot_append_to_mid_run_ends_both_ranks_at_that_step(shards, tmp_path):
-    """log.txt may hold 40 bytes on rank 0's disk: steps 0 and 1 (18 bytes each) fit, step 2's line does not.
-    Both ranks leave at the end of step 2, before any checkpoint."""
+    """log.txt may hold the run's first lines (its parameters, its data's source) and steps 0 and 1 (a loss line of
+    18 bytes and a step time of at most 18 each) on rank 0's disk, and not step 2's loss line too. Both ranks leave at
+    the end of step 2, before any checkpoint."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # TINY_FLAGS' model, counted by another program
+
+    params = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=50304)).num_parameters()
+    limit = len(f"0 params {params}\n0 val_fineweb_edu 0\n") + 2 * (18 + len("0 step_ms 99999.9\n"))
     log_dir = str(tmp_path / "log")
     ranks = launch_ranks([*TINY_FLAGS, "--data_dir", shards, "--log_dir", log_dir, "--max_steps", "6", "--eval_every", "0"],
-                         rank0_setup=log_file_size_limit(40))
+                         rank0_setup=log_file_size_limit(limit))
     assert_rank0_says_it_and_the_others_leave_quietly(ranks, "cannot append to", "log.txt", os.strerror(errno.EFBIG))
     assert "step     2/6" in ranks[0].stdout and "step     3/6" not in ranks[0].stdout
     assert os.listdir(log_dir) == ["log.txt"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import train_gpt2
+from nanogpt.tokenizer import get_tokenizer
 from conftest import (TINY_FLAGS, assert_one_line_error, assert_same_norms, load_weights, make_shards, max_weight_diff,
                       read_log, run_script, torchrun, train)
 
@@ -126,6 +127,35 @@ def test_samples_in_the_loop(shards, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("--- sample 1/4 ---\nHello, I'm a language model,") == 1  # at step 1 (not before training)
     assert "--- sample 4/4 ---" in out
+
+
+def test_samples_of_a_prompt_of_ones_own(shards, tmp_path, capsys):
+    """--sample_prompt: the loop's samples continue that text by 24 tokens each, as the model's own generate does
+    from the prompt's tokenizer ids with the loop's seed (the state after step 0 samples at step 1)."""
+    log_dir, prompt = str(tmp_path / "log"), "Once upon a time,"
+    train(shards, log_dir, "--max_steps", "2", "--eval_every", "0", "--save_every", "1", "--sample_every", "1",
+          "--sample_prompt", prompt)
+    out = capsys.readouterr().out
+    model = train_gpt2.load_model(os.path.join(log_dir, "model_00000.pt"))
+    enc = get_tokenizer()
+    ids = torch.tensor([enc.encode(prompt)] * 4)
+    rows = model.generate(ids, 24, top_k=50, generator=torch.Generator().manual_seed(1337 + 1)).tolist()
+    assert all(len(row) == len(enc.encode(prompt)) + 24 for row in rows)
+    for i, row in enumerate(rows):
+        assert f"--- sample {i + 1}/4 ---\n{enc.decode(row)}\n" in out
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--sample_every", "0"], "--sample_prompt does nothing while --sample_every is off"),
+    (["--sample_every", "1", "--seq_len", "8", "--batch_size", "4", "--total_batch_size", "32"],
+     "--sample_prompt is 12 tokens, longer than the model's context of 8; shorten it"),
+])
+def test_a_sample_prompt_that_cannot_be_sampled_is_refused(shards, tmp_path, flags, needle):
+    log_dir = tmp_path / "log"
+    result = run_script(["train_gpt2.py", *TINY_FLAGS, "--data_dir", shards, "--log_dir", str(log_dir),
+                         "--sample_prompt", "one two three four five six seven eight nine ten eleven twelve", *flags])
+    assert_one_line_error(result, needle)
+    assert not log_dir.exists()
 
 
 def test_chunked_loss_head_trains_like_the_plain_one(shards, tmp_path):
