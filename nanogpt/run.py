@@ -82,8 +82,8 @@ class Run:
             self.say(f"warning: {line}")
         if ckpt is None:  # what a plot of the log shows beside its curves (nanogpt.log_kinds)
             fineweb_edu = int(says_fineweb_edu(self.args.data_dir))
-            self.rank0.do(self.log_file.record, start_step, f"{PARAMS} {model.num_params()}", {})
-            self.rank0.do(self.log_file.record, start_step, f"{VAL_FINEWEB_EDU} {fineweb_edu}", {})
+            self.rank0.do(self.log_file.record, start_step, [f"{PARAMS} {model.num_params()}",
+                                                             f"{VAL_FINEWEB_EDU} {fineweb_edu}"], {})
         # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
         # time limit) end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
@@ -209,10 +209,9 @@ class Run:
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
         self.rank0.do(self.log_file.record, step, [f"{'train' if finite else 'skipped'} {loss:.6f}",
-                                                   *number_lines(numbers or {})],
+                                                   *number_lines(numbers or {}), f"{STEP_MS} {dt * 1000:.1f}"],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
                                    numbers, finite))
-        self.rank0.do(self.log_file.record, step, f"{STEP_MS} {dt * 1000:.1f}", {})
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())
