@@ -16,6 +16,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nanogpt.log_kinds import RUN_KINDS  # noqa: E402
+
 # side_by_side.sh's line for each variant: its flags, ms/step and speed against build-nanogpt
 SPEED_RE = re.compile(r"ours \[(.*?)\] ([\d.]+) ms/step.*speed vs build-nanogpt ([\d.]+)x")
 SIDE_BY_SIDE = ("side_by_side", "levers", "levers_vocab")  # the rows that run side_by_side.sh
@@ -33,9 +36,10 @@ def read_log(path):
 
 
 def read_log_text(path):
-    """[(step, kind, value as written)] of a log.txt, in order."""
+    """[(step, kind, value as written)] of a log.txt's numbers, in order: the lines that describe the run (each step's
+    time, nanogpt.log_kinds) left out, as they differ between runs of the same numbers."""
     with open(path) as f:
-        return [(int(s), k, v) for s, k, v in (line.split()[:3] for line in f if line.strip())]
+        return [(int(s), k, v) for s, k, v in (line.split()[:3] for line in f if line.strip()) if k not in RUN_KINDS]
 
 
 def gpu_tolerances(straight_path, hellaswag_examples):
