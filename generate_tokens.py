@@ -25,6 +25,7 @@ default because compiling takes longer than sampling a few hundred tokens.
 import inspect
 import math
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -211,17 +212,21 @@ def read_prompt(prompt):
 
 
 def save_gpt2_tokenizer(out_dir, context):
-    """Save the GPT-2 tokenizer beside an exported model, so transformers' pipeline runs offline. Its
+    """Save the GPT-2 tokenizer beside an exported model, so transformers' pipeline runs offline: tokenizer.json
+    (the fast tokenizer's), and OpenAI's BPE files as the vocab.json and merges.txt a GPT-2 model folder has on
+    the hub, which a tokenizer without tokenizer.json reads (transformers 4's slow GPT2Tokenizer, other tools). Its
     model_max_length is the model's context (n_positions), so truncation=True cuts text to what fits."""
     from transformers import GPT2TokenizerFast
 
-    files = gpt2_bpe_files()
+    files = gpt2_bpe_files(checked=True)
     if files is None:
         return False
     # transformers 4 takes the BPE files as vocab_file/merges_file, transformers 5 as vocab/merges
     names = (("vocab_file", "merges_file") if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters
              else ("vocab", "merges"))
     GPT2TokenizerFast(**dict(zip(names, files)), model_max_length=context).save_pretrained(out_dir)
+    for path, name in zip(files, ("vocab.json", "merges.txt")):  # encoder.json and vocab.bpe are those files
+        shutil.copyfile(path, os.path.join(out_dir, name))
     return True
 
 

@@ -74,14 +74,16 @@ MAX_POINTS = 10_000  # per line drawn: a panel is ~700 pixels wide; millions of 
 
 def parse_log(path):
     """{kind: (steps, values)} sorted by step, for each kind seen, in order of first appearance. A step
-    logged twice (a run resumed without trimming) keeps its last value. A malformed line raises
-    UserError naming it."""
+    logged twice (a run resumed without trimming) keeps its last value. A last line without its newline is one
+    the run is still writing: left out. A malformed line raises UserError naming it."""
     if not os.path.isfile(path):
         raise UserError(f"{path} does not exist; give a run's log.txt (train_gpt2.py writes it into --log_dir)")
     series = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as f:  # a binary file fails below, naming its first line
             for lineno, line in enumerate(f, 1):
+                if not line.endswith("\n"):  # the last line, without its newline: still being written
+                    break
                 parts = line.split()
                 if not parts:
                     continue

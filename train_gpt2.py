@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nanogpt import arguments, hf
+from nanogpt.arguments import ADAMW_USUAL, LARGEST_INT, LARGEST_RATE
 from nanogpt.checkpoints import (check_resumable, checkpoint_config, find_checkpoints, load_checkpoint,
                                  newest_checkpoint, refuse_checkpoint_lookalikes, restore_training_state,
                                  resume_checkpoint, resumed_schedule, strip_prefixes)
@@ -35,18 +36,21 @@ from nanogpt.config_fields import (add_config_flags, config_from_flags, lowest_c
                                   refuse_another_model)
 from nanogpt.core_eval import scorer_for_training
 from nanogpt.fitting import (batch_ramp, batch_size_arg, candidate_batch_sizes, describe_split, every_rank_agrees,
-                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, trial_step)
+                             fit_batch_size, fits_by_trial, fits_in_memory, largest_batch_size, micro_batches_per_step,
+                             smallest_of_every_rank, trial_step)
+from nanogpt.float8 import convert_to_fp8
 from nanogpt.hellaswag_eval import hellaswag_scorer
 from nanogpt.layers import (RMS_EPS, KVCache, LlamaAttention, ReLUSquared, SoftcappedLinear, SwiGLU, attend,
                             value_embed_layers)
 from nanogpt.loop_evals import evaluation_model, sample_lines, validation_loss
-from nanogpt.loss_head import LOSS_IMPLS, chunked_cross_entropy
-from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, groups_by_role, matrices_with_adamw,
+from nanogpt.loss_head import LOSS_IMPLS, linear_loss, logits_loss
+from nanogpt.optimizers import (MATRIX_OPTIMIZERS, OptimizerSettings, build_optimizer, groups_by_role,
                                 parameters_by_role, step_if_finite)
 from nanogpt.run import Attempt, Run
 from nanogpt.runlog import check_tracking, run_header
-from nanogpt.runtime import (KEPT_UNTIL_EXIT, all_reduce_mean, autocast_context, choose_compile,
-                             counted_flops_per_token, peak_flops, pick_device, pick_dtype)
+from nanogpt.sampling import sample_next_token
+from nanogpt.runtime import (KEPT_UNTIL_EXIT, active_parameters, all_reduce_mean, autocast_context, choose_compile,
+                             counted_flops_per_token, peak_flops, pick_device, pick_dtype, waiting_for_peers_said)
 from nanogpt.shards import (SHIPPED_TEXT_SHARDS, check_not_shrunk, document_starts, laptop_data_dir, list_shards,
                             read_shard, shard_shipped_text, shuffle_rng, verify_shards)
 from nanogpt.sharding import clip_grad_norm, choose_sharding, shard_model, sync_gradients, zero_redundancy
@@ -68,8 +72,10 @@ class GPTConfig:
     checkpoint and held to on --resume, --init_from and export (nanogpt.config_fields): a model idea is a
     field here and its use in the classes below (docs/layout.md). None: worked out from the other fields."""
     block_size: int = option(1024, "context length", flag="seq_len")
-    vocab_size: int = option(None, "rows of the embedding and the head (default: GPT-2's 50257 tokens padded to "
-                                   f"{PADDED_VOCAB_SIZE}; llama's 50257, so no probability goes to ids never seen)")
+    vocab_size: int = option(PADDED_VOCAB_SIZE, "rows of the embedding and the head: GPT-2's 50257 tokens padded to "
+                                                "a multiple of 128 for faster matmuls")
+    mask_padding: bool = option(None, "the padded vocabulary's ids (50257 and up) get no probability: their logits are "
+                                      "-inf (default: llama and speedrun on; gpt2 off, as build-nanogpt)")
     n_layer: int = option(12, "blocks (default: the --model preset's)")
     n_head: int = option(12, "attention heads (default: the --model preset's)")
     n_embd: int = option(768, "width of the residual stream (default: the --model preset's)")
@@ -103,8 +109,8 @@ class GPTConfig:
 
     def __post_init__(self):
         gpt2, speedrun = self.arch == "gpt2", self.arch == "speedrun"
-        if self.vocab_size is None:
-            self.vocab_size = PADDED_VOCAB_SIZE if gpt2 else GPT2_VOCAB_SIZE
+        if self.mask_padding is None:
+            self.mask_padding = not gpt2
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         if self.mlp_act is None:
@@ -259,8 +265,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
-        # How forward computes the loss when given targets: "plain" materialises the logits (the
-        # reference path); "chunked" uses chunked_cross_entropy and returns (None, loss).
+        # How forward computes the loss when given targets: "plain" materialises the logits (the reference path);
+        # "chunked" and "fused" never hold them (nanogpt.loss_head) and return (None, loss).
         self.loss_impl = "plain"
         self.loss_chunk_size = None  # rows per chunk for "chunked"; None: default_loss_chunk_size
 
@@ -278,17 +284,17 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self, seq_len=None):
+    def flops_per_token(self, seq_len=None, say=None):
         """Training FLOPs per token, for MFU: those of the matrix multiplications of batch_loss's forward and backward
         over one sequence of seq_len tokens (None: the context), counted on a meta-device twin of this model, so a
-        new layer counts as it computes. Where the model cannot run on the meta device: 6N + 12·L·H·Q·T, the
-        formula nanoGPT and llm.c use (N less the lookup embeddings)."""
+        new layer counts as it computes. Where the model cannot run on the meta device (said by say): 6N + 12·L·H·Q·T,
+        the formula nanoGPT and llm.c use (N less the lookup embeddings; a routed layer's at its active_fraction)."""
         T = seq_len or self.config.block_size
-        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T)
+        counted = counted_flops_per_token(lambda: type(self)(self.config), batch_loss, T, say)
         if counted is not None:
             return counted
         lookups = [m.weight for m in self.modules() if isinstance(m, nn.Embedding) and m.weight is not self.lm_head.weight]
-        n = self.num_params() - sum(w.numel() for w in lookups)  # an embedding is a lookup, not a matmul (unless tied)
+        n = active_parameters(self) - sum(w.numel() for w in lookups)  # a lookup is no matmul (a tied head is)
         return 6 * n + 12 * self.config.n_layer * self.config.n_embd * T
 
     def hidden_states(self, idx, kv_cache=None):
@@ -317,19 +323,25 @@ class GPT(nn.Module):
             return torch.utils.checkpoint.checkpoint(block, x, None, *extra, use_reentrant=False)
         return block(x, kv_cache, *extra)
 
-    def forward(self, idx, targets=None):
-        return self.head(self.hidden_states(idx), targets)
+    def forward(self, idx, targets=None, row_losses=None):
+        return self.head(self.hidden_states(idx), targets, row_losses)
 
-    def head(self, x, targets=None):
+    def head(self, x, targets=None, row_losses=None):
         """(logits, loss) of the hidden states x: the output head and, given targets, the loss (a method of its own,
-        which --fsdp compiles apart from its sharded Blocks)."""
+        which --fsdp compiles apart from its sharded Blocks). row_losses: the objective's terms, of each row's lse
+        and target logit (nanogpt.loss_head); then (logits, loss, {name: mean})."""
         if self.loss_impl not in LOSS_IMPLS:
             raise ValueError(f"loss_impl {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
-        if targets is not None and self.loss_impl == "chunked":
-            loss = chunked_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
-                                         self.loss_chunk_size, softcap=self.config.logit_softcap)
-            return None, loss
+        if targets is not None and self.loss_impl != "plain":  # the logits never held
+            loss = linear_loss(self.loss_impl, x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
+                               self.loss_chunk_size, self.config.logit_softcap,
+                               GPT2_VOCAB_SIZE if self.config.mask_padding else None, row_losses)
+            return (None, loss) if row_losses is None else (None, *loss)
         logits = self.lm_head(x)
+        if self.config.mask_padding:  # in place: the padding is a sliver of the logits
+            logits[..., GPT2_VOCAB_SIZE:] = float("-inf")
+        if targets is not None and row_losses is not None:
+            return logits, *logits_loss(logits.view(-1, logits.size(-1)), targets.view(-1), row_losses)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -347,9 +359,9 @@ class GPT(nn.Module):
     def configure_optimizers(self, settings, device_type, process_group=None, fused=None):
         # settings: an OptimizerSettings (nanogpt.optimizers), from the flags or a checkpoint. Decay the 2-D tensors
         # (matmul weights, embeddings); biases and LayerNorm gains stay undecayed. --optimizer's entry of
-        # MATRIX_OPTIMIZERS, if not AdamW, takes the weight matrices (parameters_by_role); AdamW the rest.
+        # MATRIX_OPTIMIZERS takes the weight matrices (parameters_by_role), AdamW the rest; or the whole model.
         roles = parameters_by_role(self)
-        matrices = roles.pop("matrix") if MATRIX_OPTIMIZERS[settings.optimizer].make else []
+        matrices = roles.pop("matrix") if MATRIX_OPTIMIZERS[settings.optimizer].takes == "matrices" else []
         params = [p for p in self.parameters() if p.requires_grad and all(p is not m for m in matrices)]
         if settings.rates:  # a recipe's rates for the embeddings, the head and the 1-D parameters
             groups = groups_by_role(roles, settings.weight_decay, settings.max_lr, settings.rates, self.config.n_embd)
@@ -360,8 +372,8 @@ class GPT(nn.Module):
                       {"params": no_decay, "weight_decay": 0.0}]
         if fused is None:  # fused on GPUs; on a CPU the foreach AdamW, build-nanogpt's numbers
             fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        adamw = torch.optim.AdamW(groups, lr=settings.max_lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-        return matrices_with_adamw(matrices, adamw, settings, process_group)
+        adamw = functools.partial(torch.optim.AdamW, lr=settings.max_lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+        return build_optimizer(settings, matrices, groups, adamw, process_group)
 
     def decode_step(self, tokens, cache, head_t=None):
         """generate's step: run tokens (B, n) on top of the KV cache, extending it; the logits of the last
@@ -417,25 +429,6 @@ class GPT(nn.Module):
                 break
         self.train(was_training)
         return idx
-
-
-def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """One token per row from logits (B, V): greedy at temperature 0, else softmax sampling
-    restricted to the top_k tokens and to the smallest set whose probability reaches top_p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None and top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token already reaches top_p
-        drop = drop_sorted.scatter(1, sorted_idx, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
 
 
 # -----------------------------------------------------------------------------
@@ -733,7 +726,7 @@ def make_loaders(args, rank, world_size, warn, val_rows=None):
 
 
 # -----------------------------------------------------------------------------
-# Learning-rate schedule, and the batch size warm-up
+# Learning-rate schedule
 
 
 def get_lr(step, max_lr, min_lr, warmup_steps, max_steps, shape="cosine", warmdown_steps=0, start=0, start_lr=None):
@@ -791,21 +784,6 @@ class LRSchedule:
                 f"{self.min_lr():.4e} at step {s['max_steps']}")
 
 
-def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
-    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
-    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
-    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
-    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
-    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
-    full = total // micro
-    if tokens_seen >= warmup_tokens:
-        return full
-    unit = unit or micro
-    start = start or unit
-    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
-    return tokens // micro
-
-
 # -----------------------------------------------------------------------------
 # Distributed set-up: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for each process
 
@@ -820,15 +798,15 @@ def setup_distributed(device_arg):
     arguments.check_torchrun_environment(os.environ)  # (hellaswag.py's and evaluate.py's first check of it)
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     kind = pick_device(device_arg).split(":")[0]
-    if kind == "cuda":
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl", device_id=torch.device(device))
-    elif kind == "cpu":
-        device = "cpu"
-        dist.init_process_group(backend="gloo")
-    else:
+    if kind not in ("cuda", "cpu"):
         raise UserError(f"DDP needs cuda or cpu devices, not {kind}")
+    device = f"cuda:{local_rank}" if kind == "cuda" else "cpu"
+    with waiting_for_peers_said(os.environ):  # every process of WORLD_SIZE joins; a long wait is said
+        if kind == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=torch.device(device))
+        else:
+            dist.init_process_group(backend="gloo")
     return True, rank, local_rank, world_size, device
 
 
@@ -849,9 +827,9 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
         tokenizer = get_tokenizer() if args.sample_every else None
 
         for step in range(setup.start_step, args.max_steps):
-            # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model);
-            # a failure (a shard gone) first saves the last step's state, as in the step
-            with run.keeping_progress(step):
+            # once in a while evaluate: the validation loss, HellaSwag, CORE, samples (with the compiled model, every
+            # rank with the weights to evaluate); a failure (a shard gone) first saves the last step's state
+            with run.keeping_progress(step), run.evaluation_weights(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
                                                world_size, batch_loss, args.batch_size)
@@ -953,17 +931,20 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         params = arguments.counted_parameters(make_gpt(config))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     fit = fits_by_trial(args, ckpt, device_type)
-    if fit:  # the largest micro-batch it may take; a trial below picks the one that fits
-        preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE)
+    if fit:  # the largest micro-batch it may take (twice the lecture's where the logits are never held); a trial
+        # below picks the one that fits
+        preset = RUN_PRESETS.get(args.model, {}).get("batch_size", BATCH_SIZE * (1 if args.loss_impl == "plain" else 2))
         args.batch_size, skipped = largest_batch_size(args, preset, config, params, dtype, device_type, world_size,
-                                                      local_world_size)
+                                                      local_world_size, smallest=smallest_of_every_rank(ddp, device))
     arguments.check_batch_split(args, world_size, resuming=ckpt is not None)
     arguments.check_batch_warmup(args, world_size)
     ramp = batch_ramp(args, world_size, ckpt)  # before --batch_size auto's trial picks a smaller micro-batch
     # validation's rows per batch, fixed as the ramp is (in the checkpoint; one written before has its micro-batch)
     val_rows = ckpt.get("val_rows", args.batch_size) if ckpt is not None else args.batch_size
     arguments.check_memory(config, params, args, dtype, device_type, local_world_size)
-    arguments.check_optimizer_dtype(args.optimizer, dtype)
+    arguments.check_optimizer(args, dtype, lr_schedule)
+    arguments.check_loss_impl(args.loss_impl, device_type)
+    arguments.check_fp8(args.fp8, device)
     if args.data_dir == SHIPPED_TEXT_SHARDS and not list_shards(args.data_dir, "train"):
         run.on_rank0(shard_shipped_text, args.data_dir, run.say)  # the first `--model tiny` on a fresh clone
     if args.verify_data:
@@ -978,6 +959,10 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         raw_model = make_gpt(config)
     raw_model.loss_impl, raw_model.recompute = args.loss_impl, args.recompute
     raw_model.to(device)
+    if args.fp8:  # (its weights stay plain parameters: the checkpoints are as without it)
+        layers = convert_to_fp8(raw_model, emulate=device_type == "cpu")
+        run.say(f"--fp8: FP8 matmuls in {len(layers)} layers (the head and the MLPs)"
+                f"{', emulated on the CPU (no speed)' if device_type == 'cpu' else ''}")
     zero, fsdp = choose_sharding(args.zero == 1, args.fsdp, ddp, dtype, run.say)
     if fsdp:  # sharded in place (and its Blocks compiled): every rank runs every forward
         shard_model(raw_model, dtype, device_type, use_compile)
@@ -988,6 +973,10 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "fp16")
     # training's one graph, of static shapes; the evaluations (on every rank alone, without DDP) get their own
     model = raw_model if fsdp or not use_compile else torch.compile(raw_model, dynamic=False)
+    if ddp and not fsdp:  # before the trial compiles it, so that Dynamo splits the graph at DDP's gradient buckets
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     eval_model = evaluation_model(raw_model, use_compile and not fsdp)
     split = functools.partial(describe_split, seq_len=args.seq_len, world_size=world_size,
                               total_batch_size=args.total_batch_size)
@@ -995,9 +984,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         run.say(f"--batch_size auto: micro-batch {args.batch_size}, the largest the memory formula fits, untried under "
                 f"--fsdp: {split(args.batch_size)}")
     if fit and not fsdp:
-        reserve = 4 * params.total if ddp else 0  # DDP's gradient buckets, a copy of the fp32 gradients
         trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
-                                  autocast=autocast_context(device_type, dtype), reserve_bytes=reserve)
+                                  autocast=autocast_context(device_type, dtype))  # (DDP's buckets: already held)
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
                                          run.say, split, skipped)
@@ -1007,10 +995,6 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
     train_loader, val_loader = make_loaders(args, rank, world_size, run.warn, val_rows)
     start_step, tokens_seen = (0, 0) if ckpt is None else restore_training_state(
         ckpt, optimizer, scaler, train_loader, device_type, args.total_batch_size, raw_model if fsdp else None)
-    if ddp and not fsdp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     if ddp:
         KEPT_UNTIL_EXIT.extend((model, raw_model, optimizer))  # see there
     score_hellaswag = hellaswag_scorer(args, rank, world_size, device, fsdp) if args.hellaswag_every else None
@@ -1024,7 +1008,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
               zero=zero, fsdp=fsdp, lr_schedule=lr_schedule, warnings=arguments.settings_not_kept(args, val_loader),
-              flops_per_token=peak and raw_model.flops_per_token(args.seq_len),  # (counted where MFU is shown)
+              flops_per_token=peak and raw_model.flops_per_token(args.seq_len, run.say),  # (where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,
                          train_loader=train_loader, val_loader=val_loader, score_hellaswag=score_hellaswag,
@@ -1060,115 +1044,133 @@ def model_config(args, saved_config=None):
 def build_parser():
     p = CLIParser(description="Pretrain GPT-2 on token shards (single process, or DDP under torchrun).")
     g = p.add_argument_group("data and output")
-    g.add_argument("--data_dir", default="edu_fineweb10B",
+    g.add_argument("--data_dir", default="edu_fineweb10B", not_empty=True,
                    help="folder of *_train_*.bin / *_val_*.bin shards (fineweb.py writes them)")
-    g.add_argument("--log_dir", default="log", help="log.txt and model_<step>.pt checkpoints go here")
+    g.add_argument("--log_dir", default="log", not_empty=True, resume="local",
+                   help="log.txt and model_<step>.pt checkpoints go here")
     g.add_argument("--verify_data", action="store_true",
                    help="check the shards against manifest.json's sha256 before training")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS),
+    g.add_argument("--model", default="d12", choices=sorted(MODEL_PRESETS), resume="fixed",
                    help="shape preset: d12/d24/d36/d48 = GPT-2 124M/350M/774M/1558M; "
                         "tiny (4x128) also brings laptop-sized run settings")
-    add_weights_flags(g, checkpoint=False, init_from_default="scratch")
+    add_weights_flags(g, checkpoint=False, init_from_default="scratch", resume="fixed")
     add_config_flags(g, GPTConfig)  # --n_layer, --arch, ...: every field of GPTConfig
     g = p.add_argument_group("recipe and optimizer (docs/recipes.md)")
-    g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES),
+    g.add_argument("--recipe", default="gpt2", choices=sorted(RECIPES), resume="fixed",
                    help="gpt2: GPT-2's architecture and AdamW; modern: --arch llama --optimizer muon; speedrun: "
                         "--arch speedrun with the GPT-2 speedruns' optimizer set-up (Muon with momentum warm-up, AdamW "
                         "rates by role, warm-up/stable/decay; docs/recipes.md) (flags you give still win)")
-    g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS),
+    g.add_argument("--optimizer", default="adamw", choices=list(MATRIX_OPTIMIZERS), resume="fixed",
                    help="; ".join(entry.about for entry in MATRIX_OPTIMIZERS.values()))
-    g.add_argument("--muon_lr", type=float, default=MATRIX_OPTIMIZERS["muon"].usual_rate,
+    muon = MATRIX_OPTIMIZERS["muon"]
+    g.add_argument("--muon_lr", type=float, default=muon.usual_rate, above=0, at_most=LARGEST_RATE,
+                   usual=f"{muon.name}'s usual rate is ~{muon.usual_rate:g}",
                    help="Muon's peak learning rate; the schedule scales it as it scales --max_lr")
-    g.add_argument("--muon_momentum_warmup", type=int, default=0,
+    g.add_argument("--muon_momentum_warmup", type=int, default=0, at_least=0,
                    help="Muon's momentum climbs from 0.85 to 0.95 over its first N steps (0: 0.95 throughout)")
     for role, what in (("embed", "the token and value embeddings"), ("head", "the output head")):
-        g.add_argument(f"--{role}_lr", type=float, default=None,
+        g.add_argument(f"--{role}_lr", type=float, default=None, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                       resume="fixed",
                        help=f"AdamW's peak rate for {what}, at width 768, scaled by sqrt(768 / n_embd) as nanochat "
                             "does (default: --max_lr, unscaled)")
-    g.add_argument("--scalar_lr", type=float, default=None,
+    g.add_argument("--scalar_lr", type=float, default=None, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   resume="fixed",
                    help="AdamW's peak rate for the 1-D parameters: gains, biases, learned scalars (default: --max_lr)")
     g = p.add_argument_group("batch and schedule")
-    g.add_argument("--batch_size", type=batch_size_arg, default=BATCH_SIZE,
+    g.add_argument("--batch_size", type=batch_size_arg, default=BATCH_SIZE, at_least=1,
                    help="micro-batch size per process, or auto: the largest up to the preset's that fits (the default "
                         "on CUDA and MPS; a step that runs out of memory later runs again at half; docs/training.md)")
-    g.add_argument("--seq_len", type=int, default=1024, help="tokens per row (the context length of a scratch model)")
-    g.add_argument("--total_batch_size", type=int, default=524288,
+    g.add_argument("--seq_len", type=int, default=1024, at_least=1, resume="fixed",
+                   help="tokens per row (the context length of a scratch model)")
+    g.add_argument("--total_batch_size", type=int, default=524288, at_least=1, resume="fixed",
                    help="tokens per optimizer step; gradient accumulation makes it up")
-    g.add_argument("--max_steps", type=int, default=19073, help="optimizer steps (19073 x 524288 = 10B tokens)")
-    g.add_argument("--batch_size_warmup_tokens", type=int, default=0,
+    g.add_argument("--max_steps", type=int, default=19073, at_least=1,
+                   help="optimizer steps (19073 x 524288 = 10B tokens)")
+    g.add_argument("--batch_size_warmup_tokens", type=int, default=0, at_least=0, at_most=LARGEST_INT,
                    help="ramp the batch linearly from --batch_size_start to --total_batch_size over the first N tokens "
                         "(GPT-3); 0: off")
     g.add_argument("--batch_size_start", type=int, default=None,
                    help="tokens per step where the ramp starts, a multiple of batch_size*seq_len*world_size "
                         "(default: one such micro-batch)")
-    g.add_argument("--warmup_steps", type=int, default=715, help="steps of linear learning-rate warmup")
-    g.add_argument("--max_lr", type=float, default=6e-4, help="peak learning rate, reached after the warmup")
-    g.add_argument("--min_lr_frac", type=float, default=0.1, help="the schedule ends at max_lr * min_lr_frac")
+    g.add_argument("--warmup_steps", type=int, default=715, at_least=0, help="steps of linear learning-rate warmup")
+    g.add_argument("--max_lr", type=float, default=6e-4, above=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   help="peak learning rate, reached after the warmup")
+    g.add_argument("--min_lr_frac", type=float, default=0.1, at_least=0, at_most=1,
+                   help="the schedule ends at max_lr * min_lr_frac")
     g.add_argument("--lr_schedule", default="cosine", choices=["cosine", "wsd"],
                    help="after the warmup: cosine = half a cosine down to the minimum (GPT-2's); wsd = warm-up, stable, "
                         "decay: --max_lr until the last --warmdown_frac of the steps, then a straight line down")
-    g.add_argument("--warmdown_frac", type=float, default=0.2, help="wsd: the share of --max_steps spent going down")
-    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of the 2-D tensors")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the global grad norm to this (0: off)")
+    g.add_argument("--warmdown_frac", type=float, default=0.2, at_least=0, at_most=1,
+                   help="wsd: the share of --max_steps spent going down")
+    g.add_argument("--weight_decay", type=float, default=0.1, at_least=0, at_most=LARGEST_RATE, usual=ADAMW_USUAL,
+                   help="AdamW weight decay of the 2-D tensors")
+    g.add_argument("--grad_clip", type=float, default=1.0, at_least=0,
+                   help="clip the global grad norm to this (0: off)")
     g.add_argument("--schedule_change", default="recompute", choices=["recompute", "stretch", "restart"],
                    help="--resume with other settings of the schedule (--max_steps, --warmup_steps, --max_lr, "
                         "--min_lr_frac, --lr_schedule, --warmdown_frac): recompute = the new settings' schedule from step "
                         "0 (the rate may jump at the resume step); stretch = from the rate at the resume step, down to "
                         "the minimum at the new --max_steps; restart = a new warmup from the resume step, then down")
-    g.add_argument("--no_shuffle", action="store_true",
+    g.add_argument("--no_shuffle", action="store_true", resume="fixed", before=True,  # (before: the fixed order)
                    help="read the training shards and their documents in file order every epoch "
                         "(build-nanogpt's order); default: both shuffled each epoch from --seed")
     g = p.add_argument_group("evaluation, logging, checkpoints (every 0 = off)")
-    g.add_argument("--eval_every", type=int, default=250, help="validation loss every N steps")
-    g.add_argument("--val_steps", type=int, default=20, help="batches per validation, per process")
-    g.add_argument("--hellaswag_every", type=int, default=250, help="HellaSwag accuracy every N steps")
-    g.add_argument("--hellaswag_data", default=None,
+    g.add_argument("--eval_every", type=int, default=250, at_least=0, help="validation loss every N steps")
+    g.add_argument("--val_steps", type=int, default=20, at_least=1, help="batches per validation, per process")
+    g.add_argument("--hellaswag_every", type=int, default=250, at_least=0, help="HellaSwag accuracy every N steps")
+    g.add_argument("--hellaswag_data", default=None, not_empty=True, needs=("hellaswag_every", "N"),
                    help="local HellaSwag .jsonl (default: hellaswag.py's downloaded val split)")
-    g.add_argument("--hellaswag_limit", type=int, default=None,
+    g.add_argument("--hellaswag_limit", type=int, default=None, at_least=1, needs=("hellaswag_every", "N"),
                    help="score only the first N HellaSwag examples (default: all)")
-    g.add_argument("--core_every", type=int, default=0,
+    g.add_argument("--core_every", type=int, default=0, at_least=0,
                    help="CORE (DCLM's 22 tasks, as evaluate.py scores them) every N steps; 0: off")
-    g.add_argument("--core_bundle", default=None,
+    g.add_argument("--core_bundle", default=None, not_empty=True, needs=("core_every", "N"),
                    help="DCLM's eval bundle, a folder or .zip (default: evaluate.py's, downloaded once)")
-    g.add_argument("--core_max_per_task", type=int, default=500,
+    g.add_argument("--core_max_per_task", type=int, default=500, at_least=1, needs=("core_every", "N"),
                    help="score the first N of each CORE task's shuffled examples (nanochat scores 500 in training)")
-    g.add_argument("--sample_every", type=int, default=250, help="print samples every N steps")
-    g.add_argument("--sample_prompt", default=SAMPLE_PROMPT, help="the text the samples continue (24 tokens each)")
-    g.add_argument("--save_every", type=int, default=5000,
+    g.add_argument("--sample_every", type=int, default=250, at_least=0, help="print samples every N steps")
+    g.add_argument("--sample_prompt", default=SAMPLE_PROMPT, needs=("sample_every", "N"),
+                   help="the text the samples continue (24 tokens each)")
+    g.add_argument("--save_every", type=int, default=5000, at_least=0,
                    help="checkpoint every N steps (also at the last step and on SIGTERM/Ctrl-C)")
-    g.add_argument("--keep_checkpoints", type=int, default=0, help="keep only the newest K checkpoints (0: keep all)")
-    g.add_argument("--tensorboard", default=None, metavar="DIR",
+    g.add_argument("--keep_checkpoints", type=int, default=0, at_least=0,
+                   help="keep only the newest K checkpoints (0: keep all)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR", not_empty=True,
                    help="also write the run's scalars as TensorBoard events into DIR (needs `pip install tensorboard`)")
-    g.add_argument("--tensorboard_run", default=None, metavar="NAME",
+    g.add_argument("--tensorboard_run", default=None, metavar="NAME", not_empty=True, needs=("tensorboard", "DIR"),
                    help="the subfolder of --tensorboard DIR for this run's events (default: a new one named "
                         "<start time>-<log_dir's name>; --resume continues the checkpoint's)")
-    g.add_argument("--wandb", default=None, metavar="PROJECT",
+    g.add_argument("--wandb", default=None, metavar="PROJECT", not_empty=True,
                    help="also log the run's scalars to this Weights & Biases project "
                         "(needs `pip install wandb`; WANDB_MODE=offline logs locally)")
-    g.add_argument("--wandb_id", default=None,
+    g.add_argument("--wandb_id", default=None, not_empty=True, needs=("wandb", "PROJECT"),
                    help="the W&B run to log into (default: a new run; --resume continues the checkpoint's)")
-    g.add_argument("--resume", action="store_true",
+    g.add_argument("--resume", action="store_true", resume="local",
                    help="continue the run in --log_dir from its newest loadable checkpoint, with its settings "
                         "(fresh start if none)")
-    g.add_argument("--overwrite", action="store_true",
+    g.add_argument("--overwrite", action="store_true", resume="local",
                    help="start a new run in a --log_dir that holds an earlier run's checkpoints: they and its log.txt "
                         "are deleted once the new run has passed its checks (without it, such a folder is refused)")
-    g.add_argument("--max_bad_steps", type=int, default=10,
+    g.add_argument("--max_bad_steps", type=int, default=10, at_least=1,
                    help="stop after this many non-finite steps in a row (each is skipped)")
     g = p.add_argument_group("system")
     add_system_flags(g, dtype_help="autocast dtype; auto = bf16 on GPUs with it, else fp16; fp32 on cpu/mps")
-    g.add_argument("--seed", type=int, default=1337,
+    g.add_argument("--seed", type=int, default=1337, at_least=0, at_most=LARGEST_INT, resume="fixed",
                    help="seeds the weights' initialisation, the samples and the data order")
     g.add_argument("--loss_impl", default="plain", choices=LOSS_IMPLS,
-                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); "
-                        "chunked: a linear + cross-entropy head that never holds the (batch, vocab) logits "
-                        "(less memory and traffic)")
+                   help="plain: logits then F.cross_entropy (build-nanogpt's numbers); chunked: a linear + "
+                        "cross-entropy head that never holds the (batch, vocab) logits (less memory and traffic); "
+                        "fused: the same by Liger-Kernel's Triton kernel (a CUDA GPU; pip install liger-kernel); "
+                        "without the logits --batch_size auto tries up to 128")
+    g.add_argument("--fp8", action="store_true",
+                   help="FP8 matmuls in the output head and the MLPs (torchao's float8 training; a GPU with FP8 "
+                        "tensor cores, compute capability 8.9 or more; emulated on a CPU); checkpoints stay plain")
     g.add_argument("--fused_adamw", dest="fused_adamw", action="store_true", default=None,
                    help="AdamW's fused kernel, which also skips a non-finite step on the device without the host "
                         "waiting (default: on for CUDA; on a CPU the foreach AdamW, build-nanogpt's numbers)")
     g.add_argument("--no_fused_adamw", dest="fused_adamw", action="store_false", help="the foreach AdamW")
-    g.add_argument("--peak_tflops", type=float, default=None,
+    g.add_argument("--peak_tflops", type=float, default=None, above=0,
                    help="GPU bf16 peak for MFU (default: known for H100/H200/A100)")
     g = p.add_argument_group("scale (docs/scale.md; --zero and --fsdp shard across torchrun's processes)")
     g.add_argument("--zero", type=int, default=0, choices=[0, 1],
@@ -1194,9 +1196,9 @@ def parse_args(argv=None, saved_args=None):
     args.explicit is the set of flags given on the command line (args.given_as: each as spelt)."""
     parser = build_parser()
     given = parser.parse_marked(argv)  # the preset is the one of the --model given, or the default's
-    if saved_args is not None:
-        known = {a.dest for a in parser._actions}
-        parser.set_defaults(**{k: v for k, v in saved_args.items() if k in known and k not in arguments.RUN_LOCAL_ARGS})
+    if saved_args is not None:  # (a flag declared resume="local" is today's command line's only)
+        kept = {name for name, option in parser.options.items() if option.resume != "local"}
+        parser.set_defaults(**{k: v for k, v in saved_args.items() if k in kept})
     else:
         parser.set_defaults(**{**RECIPES[given.recipe], **RUN_PRESETS.get(given.model, {})})  # a laptop's sizes win
     args = parser.parse_args(argv)
@@ -1205,7 +1207,7 @@ def parse_args(argv=None, saved_args=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, parser = parse_args(argv), build_parser()  # (parser: what each flag declares)
     arguments.check_torchrun_environment(os.environ)
     master = int(os.environ.get("RANK", 0)) == 0
     say = print if master else lambda *a: None
@@ -1215,9 +1217,10 @@ def main(argv=None):
         ckpt_path, ckpt = resume_checkpoint(args.log_dir, master,
                                             functools.partial(check_resumable, config_class=GPTConfig, make_model=make_gpt))
         if ckpt is not None:
-            saved_args, saved_config = arguments.saved_arguments(ckpt), checkpoint_config(ckpt, ckpt_path, GPTConfig)
+            saved_args = arguments.saved_arguments(ckpt, parser)  # (a flag it predates: what it declares)
+            saved_config = checkpoint_config(ckpt, ckpt_path, GPTConfig)
             args = parse_args(argv, saved_args)
-            arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES)
+            arguments.check_resume_args(args, saved_args, master, saved_config, MODEL_PRESETS, RECIPES, parser.options)
         else:
             say(f"--resume: no checkpoint in {args.log_dir}, starting fresh")
     elif find_checkpoints(args.log_dir) and not args.overwrite:
@@ -1226,14 +1229,14 @@ def main(argv=None):
                         "(nothing was changed)")
     if ckpt is None:
         args.data_dir = laptop_data_dir(args, say)
-    arguments.check_args(args, RUN_PRESETS)
+    arguments.check_args(args, RUN_PRESETS, parser.options)
     check_tracking(args)
     arguments.check_log_dir(args.log_dir)
     config = model_config(args, saved_config)
     arguments.check_evaluations_context(args, config)
     if ckpt is not None and arguments.resumed_run_finished(ckpt["step"], args.max_steps, ckpt_path, master):
         return
-    lr_schedule = resumed_schedule(ckpt, args, say, LRSchedule) if ckpt is not None else LRSchedule.of(args)
+    lr_schedule = resumed_schedule(ckpt, saved_args, args, say, LRSchedule) if ckpt is not None else LRSchedule.of(args)
     train(args, config, lr_schedule, ckpt, ckpt_path)
 
 

@@ -9,9 +9,9 @@ import argparse
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from nanogpt.cli import INT_MAX, UserError
+from nanogpt.cli import INT_MAX, UNSET, UserError
 from nanogpt.config_fields import refuse_another_model
 from nanogpt.files import CPUS
 from nanogpt.shard_manifest import REPEATED_INPUT
@@ -20,57 +20,61 @@ from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 from nanogpt.tokenizer import get_tokenizer, prompt_tokens
 
 
-# flags that act only through another one: given while it is off (say by --model tiny), they would be ignored
-FLAGS_NEEDING = {"hellaswag_data": ("hellaswag_every", "N"), "hellaswag_limit": ("hellaswag_every", "N"),
-                 "sample_prompt": ("sample_every", "N"),
-                 "core_bundle": ("core_every", "N"), "core_max_per_task": ("core_every", "N"),
-                 "wandb_id": ("wandb", "PROJECT"), "tensorboard_run": ("tensorboard", "DIR")}
 LARGEST_RATE = 1e3  # the largest --max_lr and --weight_decay taken: their product stays far inside fp32's range
-RUN_LOCAL_ARGS = ("log_dir", "resume", "overwrite")  # a resumed run takes these from today's command line only
-# what a resumed run cannot change beside its model (GPTConfig's fields): its preset and recipe, its optimizer, the
-# batch, and the data order (--seed draws each epoch's shuffle)
-FIXED_ARGS = ("model", "recipe", "optimizer", "embed_lr", "head_lr", "scalar_lr", "init_from", "seq_len",
-              "total_batch_size", "no_shuffle", "seed")
-# what a checkpoint written before a flag existed ran with: the flag's value then
-FLAGS_BEFORE = {"recipe": "gpt2", "optimizer": "adamw", "lr_schedule": "cosine", "no_shuffle": True}
+ADAMW_USUAL = "AdamW's usual range is ~1e-3"  # (the words beside LARGEST_RATE)
+LARGEST_INT = 2**63 - 1  # a count torch takes in 64 bits (--seed, --batch_size_warmup_tokens)
 
 
-def saved_arguments(ckpt):
-    """A training checkpoint's arguments, with the value each flag added since it was written had then."""
-    return {**FLAGS_BEFORE, **ckpt.get("args", {})}
+def saved_arguments(ckpt, parser):
+    """A training checkpoint's arguments, with the value each flag added since it was written had then (parser: the
+    one that declares the flags: each one's RunOption.before, else its default)."""
+    befores = {name: option.before for name, option in parser.options.items() if option.before is not UNSET}
+    return {**vars(parser.parse_args([])), **befores, **ckpt.get("args", {})}  # (the defaults as parsing gives them)
 
 
-def check_args(args, run_presets):
-    """Refuse settings that cannot work before any work is done (run_presets: train_gpt2's RUN_PRESETS)."""
-    counts = {"batch_size": 1, "seq_len": 1, "total_batch_size": 1, "max_steps": 1, "val_steps": 1, "warmup_steps": 0,
-              "eval_every": 0, "hellaswag_every": 0, "core_every": 0, "core_max_per_task": 1, "sample_every": 0,
-              "save_every": 0, "keep_checkpoints": 0, "max_bad_steps": 1, "muon_momentum_warmup": 0}
-    if args.hellaswag_limit is not None:
-        counts["hellaswag_limit"] = 1
-    for name, low in counts.items():
-        if name == "batch_size" and args.batch_size == "auto":
-            continue
-        if not low <= getattr(args, name) <= INT_MAX:
-            raise UserError(f"--{name} {getattr(args, name)}: must be a whole number from {low} to {INT_MAX}")
-    if not 0 <= args.seed < 2**63:
-        raise UserError(f"--seed {args.seed}: must be from 0 to 2**63-1")
+def shown(value):
+    """A flag's value in a message: None (a flag left unset, whose default decides) in words."""
+    return "unset (the default)" if value is None else value
+
+
+def out_of_range(option, value):
+    """Why value is outside option's declared range (nanogpt.cli.RunOption), in words, or None."""
+    low = option.at_least if option.at_least is not None else option.above
+    if isinstance(value, bool) or value is None or low is None and option.at_most is None:
+        return None
+    if isinstance(value, int) and not isinstance(low, float):  # a count: a whole number in its range
+        high = option.at_most if option.at_most is not None else INT_MAX
+        if not low <= value <= high:
+            return f"must be a whole number from {low} to {'2**63-1' if high == 2**63 - 1 else high}"
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or (option.above is not None and value <= option.above) or (
+                option.at_least is not None and value < option.at_least):
+            return f"must be a finite number {'>' if option.above is not None else '>='} {low}"
+        if option.at_most is not None and value > option.at_most:
+            return f"must be at most {option.at_most:g} ({option.usual})" if option.usual else (
+                f"must be from {low} to {option.at_most:g}")
+    return None
+
+
+def check_args(args, run_presets, options):
+    """Refuse settings that cannot work before any work is done: what each flag declares (options: the parser's
+    {dest: RunOption}: its range, an empty value, a flag that would do nothing while the one it needs is off), then
+    what flags say together (run_presets: train_gpt2's RUN_PRESETS)."""
+    for name, option in options.items():
+        value = getattr(args, name)
+        if (problem := out_of_range(option, value)) is not None:
+            raise UserError(f"--{name} {value}: {problem}")
+        if option.not_empty and value == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
+            raise UserError(f"--{name} is empty; give a value, or drop the flag")
+        if option.needs and name in args.explicit and not getattr(args, option.needs[0]):
+            switch, on = option.needs
+            preset = switch not in args.explicit and switch in run_presets.get(args.model, {})
+            by = f" (--model {args.model} turns it off)" if preset else ""
+            raise UserError(f"--{name} does nothing while --{switch} is off{by}; give --{switch}{f' {on}' if on else ''} "
+                            f"too, or drop --{name}")
     from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
 
-    # the matrices' optimizers' rates (MATRIX_OPTIMIZERS), each with the words for its usual size
-    usual_rates = {entry.rate_flag: f"{entry.name}'s usual rate is ~{entry.usual_rate:g}"
-                   for entry in MATRIX_OPTIMIZERS.values() if entry.rate_flag}
-    floats = {"max_lr": (0, False), "min_lr_frac": (0, True), "warmdown_frac": (0, True), "weight_decay": (0, True),
-              "grad_clip": (0, True), **{name: (0, False) for name in usual_rates}}
-    for name in ("peak_tflops", "embed_lr", "head_lr", "scalar_lr"):
-        if getattr(args, name) is not None:
-            floats[name] = (0, False)
-    for name, (low, low_ok) in floats.items():
-        value = getattr(args, name)
-        if not math.isfinite(value) or value < low or (value == low and not low_ok):
-            raise UserError(f"--{name} {value}: must be a finite number {'>=' if low_ok else '>'} {low}")
-    for name in ("min_lr_frac", "warmdown_frac"):
-        if getattr(args, name) > 1:
-            raise UserError(f"--{name} {getattr(args, name)}: must be from 0 to 1")
     if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":
         raise UserError(f"--warmdown_frac does nothing with --lr_schedule {args.lr_schedule} (it is wsd's); "
                         "add --lr_schedule wsd, or drop it")
@@ -79,25 +83,12 @@ def check_args(args, run_presets):
         raise UserError(f"--warmdown_frac {args.warmdown_frac} of --max_steps {args.max_steps} is "
                         f"{round(args.warmdown_frac * args.max_steps)} step(s) of warm-down: too few for the rate to go "
                         "down; give a larger --warmdown_frac, or 0 to hold the rate to the end")
-    for name in ("max_lr", "weight_decay", *usual_rates, "embed_lr", "head_lr", "scalar_lr"):  # beyond, fp32 overflows
-        if (getattr(args, name) or 0) > LARGEST_RATE:
-            usual = usual_rates.get(name, "AdamW's usual range is ~1e-3")
-            raise UserError(f"--{name} {getattr(args, name)}: must be at most {LARGEST_RATE:g} ({usual})")
-    for name in ("data_dir", "log_dir", "hellaswag_data", "core_bundle", "tensorboard", "tensorboard_run", "wandb",
-                 "wandb_id"):
-        if getattr(args, name) == "":  # "$UNSET_VARIABLE": an empty name would switch the thing off, or mean "."
-            raise UserError(f"--{name} is empty; give a value, or drop the flag")
-    if args.tensorboard_run is not None and (args.tensorboard_run in (".", "..") or re.search(r"[/\\]", args.tensorboard_run)):
+    if args.tensorboard_run not in (None, "") and (args.tensorboard_run in (".", "..")
+                                                 or re.search(r"[/\\]", args.tensorboard_run)):
         raise UserError(f"--tensorboard_run {args.tensorboard_run}: give a folder name, not a path")
     if "schedule_change" in args.explicit and not args.resume:
         raise UserError(f"--schedule_change {args.schedule_change} does nothing without --resume (it says what a "
                         "resume that changes the schedule's flags does); drop it, or add --resume")
-    for name, (switch, value) in FLAGS_NEEDING.items():
-        if name in args.explicit and not getattr(args, switch):
-            preset = switch not in args.explicit and switch in run_presets.get(args.model, {})
-            by = f" (--model {args.model} turns it off)" if preset else ""
-            raise UserError(f"--{name} does nothing while --{switch} is off{by}; "
-                            f"give --{switch} {value} too, or drop --{name}")
     entry = MATRIX_OPTIMIZERS[args.optimizer]
     if not entry.shardable and (args.zero or args.fsdp):
         sharding = "--fsdp" if args.fsdp else "--zero 1"
@@ -171,9 +162,6 @@ def check_torchrun_environment(environ):
 def check_batch_warmup(args, world_size):
     """Refuse a batch warm-up that cannot be made of whole micro-batches."""
     micro = args.batch_size * args.seq_len * world_size
-    if not 0 <= args.batch_size_warmup_tokens < 2**63:
-        raise UserError(f"--batch_size_warmup_tokens {args.batch_size_warmup_tokens}: "
-                        "must be a whole number from 0 to 2**63-1")
     if args.batch_size_start is None:
         return
     if not args.batch_size_warmup_tokens:
@@ -220,14 +208,26 @@ def loss_chunk_rows(vocab_size):
     return default_loss_chunk_size(vocab_size)
 
 
+def fused_chunk_rows(rows, vocab_size, width):
+    """Rows per chunk of --loss_impl fused over `rows` rows: Liger-Kernel's rule, a chunk's logits at most
+    FUSED_CHUNK_BUDGET x (rows, width) elements, in a power of two of rows."""
+    from nanogpt.loss_head import FUSED_CHUNK_BUDGET
+
+    chunks = -(-vocab_size // (FUSED_CHUNK_BUDGET * width))
+    return min(rows, 1 << (-(-rows // chunks) - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class ParameterCounts:
     """What the memory estimate reads of a model's parameters, counted on the built model (counted_parameters), so
-    that a new layer's weights and their optimizer state count without an edit here."""
+    that a new layer's weights and their optimizer state count without an edit here; and what its layers declare
+    they keep beyond the formula (a mixture of experts' routed rows: nanogpt.runtime says how a layer declares it)."""
     total: int  # every parameter: weights, gradients, AdamW's state
     matrices: int  # parameters_by_role's "matrix": the matrices' optimizer's (MATRIX_OPTIMIZERS' state bytes)
     linear_weights: int  # the nn.Linear layers' weights but the output head's: autocast's low-precision copies
     linear_biases: int  # and their biases, copied too
+    extra_activation_bytes: dict = field(default_factory=dict)  # {a: bytes per token} at a = 2 and 4 bytes an
+    # activation: the layers' extra_activation_bytes(a), summed
 
 
 def counted_parameters(model):
@@ -237,10 +237,22 @@ def counted_parameters(model):
     from nanogpt.optimizers import parameters_by_role
 
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
+    declaring = [m for m in model.modules() if hasattr(m, "extra_activation_bytes")]
     return ParameterCounts(total=sum(p.numel() for p in model.parameters()),
                            matrices=sum(p.numel() for p in parameters_by_role(model)["matrix"]),
                            linear_weights=sum(m.weight.numel() for m in linears),
-                           linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None))
+                           linear_biases=sum(m.bias.numel() for m in linears if m.bias is not None),
+                           extra_activation_bytes={a: sum(m.extra_activation_bytes(a) for m in declaring)
+                                                   for a in (2, 4)})
+
+
+def mlp_kept_bytes(config, a):
+    """Per token, what one MLP of config keeps for backward, as peak_bytes_by_moment counts it at a bytes an activation:
+    its input as its linear layers read it (under autocast a copy each; in fp32 the norm's output, which they share)
+    and its hidden activations (SwiGLU's: both branches). A layer that runs several MLPs' worth (a mixture of
+    experts) declares the rest as its extra_activation_bytes (nanogpt.runtime)."""
+    readers = 2 if config.mlp_act == "swiglu" else 1
+    return (readers * a * config.n_embd if a < 4 else 4 * config.n_embd) + readers * 2 * a * config.mlp_hidden
 
 
 def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompute=False, loss_impl="plain",
@@ -260,9 +272,11 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     kv = kv_heads * D
     gpt2, gain = config.arch == "gpt2", config.arch == "llama"  # gain: an RMSNorm with a learned gain
     swiglu = config.mlp_act == "swiglu"
-    # weights, the gradients of the micro-steps before, the optimizers' state: the matrices' optimizer's
-    # (MATRIX_OPTIMIZERS) for the matrices, AdamW's two moments for the rest
-    state = MATRIX_OPTIMIZERS[optimizer].state_bytes * params.matrices + 8 * (params.total - params.matrices)
+    # weights, the gradients of the micro-steps before, the optimizers' state: --optimizer's (MATRIX_OPTIMIZERS) for
+    # what it takes (the matrices, or every parameter), AdamW's two moments for the rest
+    entry = MATRIX_OPTIMIZERS[optimizer]
+    taken = params.total if entry.takes == "model" else params.matrices
+    state = entry.state_bytes * taken + 8 * (params.total - taken)
     static = 8 * params.total + state
     # autocast's copies of the linear layers' weights and biases, cached through the forward pass; the weights'
     # are those backward needs
@@ -275,8 +289,8 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     # outputs as the linear layers read them (under autocast one copy per layer); attention's inputs, output and
     # logsumexp (flash attention keeps no T x T scores); the MLP's hidden activations.
     norm = 8 if gpt2 else 4 + (4 * C if gain else 0)
-    readers = (1 if gpt2 else 3) + (2 if swiglu else 1)
-    layer = 8 * C + 2 * norm + (readers * a * C if low else 8 * C) + (2 if swiglu else 1) * 2 * a * F + 4 * H
+    readers = 1 if gpt2 else 3  # attention's linear layers (the MLP's: mlp_kept_bytes)
+    layer = 8 * C + 2 * norm + (readers * a * C if low else 4 * C) + mlp_kept_bytes(config, a) + 4 * H
     if gpt2:  # q, k, v in one tensor; the output
         layer += 4 * a * C
     else:  # q and k rotated, v, the output; QK-norm's fp32 q and k (llama's gain: and x * rstd) and its rstd, and a
@@ -291,7 +305,9 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
     if config.arch == "speedrun":
         tokens += 4 * C + 4 + (4 * C if config.x0_mix else 0)
     skips = 4 * C * ((L - 1 if config.x0_mix else 0) + (1 if config.unet_skips and L % 2 == 0 else 0))
-    kept = (4 * C * L if recompute else layer * L) + skips + n_value_embeds * (4 * kv if recompute else value_embed)
+    extra = params.extra_activation_bytes.get(a, 0)  # what the layers declare they keep beyond this count
+    kept = ((4 * C * L if recompute else layer * L + extra) + skips
+            + n_value_embeds * (4 * kv if recompute else value_embed))
     final = 4 * C + norm  # the last norm's input and statistics
     head_input = a * C if loss_impl == "plain" else 8 * C + (2 * C if low else 0)  # chunked: fp32, its gradient, a cast
     trunk = BT * (tokens + kept + final + head_input) + (0 if recompute else L * rotary)
@@ -309,6 +325,15 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
         # final norm's fp32 output
         moments["head forward"] = static + head_weight + cast_weights + trunk + BT * (
             logits * (1 + cap) + 4 * V + (4 * V + 4 * C if low else 0))
+    elif loss_impl == "fused":
+        # Liger-Kernel's (nanogpt.loss_head.fused_cross_entropy, read off its code; not measured: its kernel runs on a
+        # GPU): (rows, V) logits per chunk in the matmuls' dtype, made their gradient in place, beside an fp32 sum of
+        # the weight's gradient, the weight's cast and the input's gradient; at the end that sum scaled in fp32
+        # (padded to the whole vocabulary first where the padding is masked)
+        rows = fused_chunk_rows(BT, V, C)
+        end = 4 * V * C * (2 if config.mask_padding and V > 50257 else 1)
+        moments["fused head"] = static + cast_weights + trunk + V * C * (4 + (2 if low else 0)) + max(
+            a * rows * V + a * BT * C, end)
     else:
         # nanogpt.loss_head: (rows, V) fp32 logits per chunk (two with a softcap) and their gradient's cast, with an
         # fp32 sum of the weight's gradient and the weight's cast; at the peak, the next chunk's logits made while the
@@ -335,7 +360,7 @@ def peak_bytes_by_moment(config, params, B, T, dtype, optimizer="adamw", recompu
         # tied head's gradient waits for the embedding's until the end of backward. (What else its backward makes at
         # once depends on the order of the operations: this one is a low estimate.)
         moments["block backward"] = static + (saved_weights // L) + (4 * V * C if config.tie_embeddings else 0) + (
-            rotary + BT * (tokens + kept + layer + (2 if swiglu else 1) * a * F
+            rotary + BT * (tokens + kept + layer + extra // L + (2 if swiglu else 1) * a * F
                            + (value_embed if n_value_embeds else 0)))
     return moments
 
@@ -363,6 +388,19 @@ def run_estimated_bytes(config, params, args, batch_size, dtype, device_type, sh
         return estimate
     block = (params.total - config.vocab_size * config.n_embd) // config.n_layer  # at most a Block's parameters
     return estimate - 16 * params.total * (shards - 1) // shards + 2 * 8 * block
+
+
+# What a CPU training process comes to hold beyond the tensors of the estimate once it trains: the parts of torch's
+# libraries its first forward and backward page in, the blocks the allocator keeps after freeing them, the threads'
+# buffers. Its resident peak was 82-253 MB above (its resident memory at the check + the estimate) on --model tiny's
+# shapes (1 and 2 threads, 2 cores); this is 1.5x the most.
+CPU_PROCESS_MARGIN = 384 * 2**20
+
+
+def cpu_process_bytes(estimate):
+    """The memory a CPU training process needs beyond what it holds at the check (which the memory available already
+    leaves out), where its tensors peak at estimate bytes: check_memory's need, and --batch_size auto's on a CPU."""
+    return estimate + CPU_PROCESS_MARGIN
 
 
 GPU_CONTEXT_BYTES = 2**30  # the CUDA context, cuBLAS and cuDNN workspaces: outside the formula
@@ -436,20 +474,63 @@ def widening_flags(args):
     return [f"--{name}" for name in ("vocab_size", "mlp_hidden") if name in args.explicit]
 
 
-def check_optimizer_dtype(optimizer, dtype):
-    """An --optimizer whose entry has no fp16 (Muon's) is refused in fp16: fp16's loss scaler is not wired to it."""
+# the kinds of learning-rate schedule an optimizer's entry may ask for (MatrixOptimizer.schedules), and the flags that
+# give each
+SCHEDULE_KINDS = {"cosine": "--lr_schedule cosine", "wsd": "--lr_schedule wsd",
+                  "held": "--lr_schedule wsd --warmdown_frac 0 (or --min_lr_frac 1)"}
+
+
+def schedule_kinds(schedule):
+    """The SCHEDULE_KINDS a run's learning-rate schedule (train_gpt2.LRSchedule) is: its shape, and "held" where the
+    rate at the last step is still the peak its warm-up reached (or a resume moved it to)."""
+    s = schedule.settings
+    peak = s["max_lr"] if schedule.start_lr is None else schedule.start_lr
+    return {s["lr_schedule"]} | ({"held"} if schedule(s["max_steps"] - 1) == peak else set())
+
+
+def check_optimizer(args, dtype, schedule):
+    """Refuse what --optimizer's entry of MATRIX_OPTIMIZERS says it cannot take: fp16 (its entry's fp16 off: the loss
+    scaler is not wired to it), a learning-rate schedule (train_gpt2.LRSchedule) not of its schedules, and
+    --fused_adamw where it takes the whole model and is not AdamW."""
     from nanogpt.optimizers import MATRIX_OPTIMIZERS
 
-    if dtype == "fp16" and not MATRIX_OPTIMIZERS[optimizer].fp16:
-        raise UserError(f"--optimizer {optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
+    entry = MATRIX_OPTIMIZERS[args.optimizer]
+    if dtype == "fp16" and not entry.fp16:
+        raise UserError(f"--optimizer {args.optimizer} trains in bf16 or fp32 (fp16's loss scaler is not wired to it); "
                         "use --dtype bf16 or fp32")
+    if entry.schedules and not set(entry.schedules) & schedule_kinds(schedule):
+        raise UserError(f"--optimizer {args.optimizer} trains with a {' or '.join(entry.schedules)} learning rate "
+                        f"only, and this run's is {schedule.describe()}; give "
+                        f"{' or '.join(SCHEDULE_KINDS[kind] for kind in entry.schedules)}")
+    if "fused_adamw" in args.explicit and entry.make and entry.takes == "model":
+        flag = "--fused_adamw" if args.fused_adamw else "--no_fused_adamw"
+        raise UserError(f"{flag} does nothing with --optimizer {args.optimizer}, which takes every parameter (no AdamW "
+                        "beside it); drop it")
+
+
+def check_loss_impl(loss_impl, device_type):
+    """--loss_impl fused where its kernel cannot run (no Liger-Kernel, or no CUDA GPU): one line naming the fix."""
+    from nanogpt.loss_head import fused_head_problem
+
+    problem = fused_head_problem(device_type) if loss_impl == "fused" else None
+    if problem:
+        raise UserError(f"--loss_impl fused {problem}")
+
+
+def check_fp8(fp8, device):
+    """--fp8 where it cannot run (no torchao, a GPU without FP8 tensor cores): one line naming the fix."""
+    from nanogpt.float8 import fp8_problem
+
+    problem = fp8_problem(device) if fp8 else None
+    if problem:
+        raise UserError(f"--fp8 {problem}")
 
 
 def check_memory(config, params, args, dtype, device_type, local_world_size):
     """The kernel kills a process that runs out of memory without a word: say it before starting.
-    Every model is built in main memory first; on a CPU it also trains there. (A GPU's out-of-memory
-    is an error the loop turns into one line.) config is model_config's, --init_from's shape included;
-    params its model's ParameterCounts."""
+    Every model is built in main memory first; on a CPU it also trains there, and needs its tensors' estimate and
+    CPU_PROCESS_MARGIN more than it holds now. (A GPU's out-of-memory is an error the loop turns into one line.)
+    config is model_config's, --init_from's shape included; params its model's ParameterCounts."""
     have = available_memory_bytes()
     if have is None:
         return
@@ -460,13 +541,15 @@ def check_memory(config, params, args, dtype, device_type, local_world_size):
     if weights * local_world_size > have:
         raise UserError(f"the model's weights alone need {weights / 2**30:.1f} GiB per process "
                         f"but {have / 2**30:.1f} GiB of memory is available; pick {smaller}")
-    need = run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type) * local_world_size
+    need = cpu_process_bytes(run_estimated_bytes(config, params, args, args.batch_size, dtype, device_type)) * (
+        local_world_size)
     if device_type == "cpu" and need > have:
         raise UserError(f"this run needs at least {need / 2**30:.1f} GiB of memory "
                         f"({local_world_size} process(es) of batch_size {args.batch_size} x seq_len {args.seq_len}) "
                         f"but {have / 2**30:.1f} GiB is available; lower --batch_size "
                         "(gradient accumulation keeps --total_batch_size) or --seq_len, or use "
-                        + (f"a smaller {wide}" if wide else "--model tiny" if args.init_from == "scratch" else smaller))
+                        + (f"a smaller {wide}" if wide else smaller if args.init_from != "scratch"
+                           else "a smaller --n_layer/--n_embd" if args.model == "tiny" else "--model tiny"))
 
 
 def check_scoring_context(block_size, what, fix):
@@ -511,13 +594,15 @@ def check_init_from_recipe(args, config):
                         f"are a {config.arch}; give --optimizer {args.optimizer} in its place, or drop --init_from")
 
 
-def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes):
+def check_resume_args(args, saved_args, master, saved_config, model_presets, recipes, options):
     """Resuming continues the same run: args are the checkpoint's settings (saved_args, saved_arguments') with
     the command line's over them; what the command line changes is printed. The model (saved_config, the checkpoint's
-    GPTConfig), the optimizer, the batch and the data order cannot change. model_presets, recipes:
-    train_gpt2's MODEL_PRESETS and RECIPES; a --model given is compared by its shape (with the shape flags
-    given beside it), a --recipe by the settings it stands for (--recipe modern resumes a run started as
-    --arch llama --optimizer muon)."""
+    GPTConfig) and the flags declared resume="fixed" (options: the parser's {dest: RunOption}: the optimizer, the
+    batch, the data order) cannot change. model_presets, recipes: train_gpt2's MODEL_PRESETS and RECIPES; a --model
+    given is compared by its shape (with the shape flags given beside it), a --recipe by the settings it stands for
+    (--recipe modern resumes a run started as --arch llama --optimizer muon)."""
+    fixed = {name for name, option in options.items() if option.resume == "fixed"}
+    local = {name for name, option in options.items() if option.resume == "local"}
     again = "drop the flag to resume, or use another --log_dir for a new run"
     refuse_another_model(saved_config, args, "the checkpoint's model", again)
     saved_args = {**saved_args, **asdict(saved_config)}  # the model as the checkpoint has it
@@ -529,19 +614,20 @@ def check_resume_args(args, saved_args, master, saved_config, model_presets, rec
                             f"the checkpoint's model ({', '.join(f'{k} {v}' for k, v in shape.items())}); {again}")
         saved_args = {**saved_args, "model": args.model}
     if "recipe" in args.explicit:  # judged by what of it a resume cannot change: the model and the optimizer
-        implied = {k: v for k, v in recipes[args.recipe].items() if k in FIXED_ARGS or k in asdict(saved_config)}
+        implied = {k: v for k, v in recipes[args.recipe].items() if k in fixed or k in asdict(saved_config)}
         clash = {k: v for k, v in implied.items() if k not in args.explicit and saved_args.get(k, v) != v}
         if clash:
             raise UserError(f"--recipe {args.recipe} ({' '.join(f'--{k} {v}' for k, v in implied.items())}) conflicts "
                             f"with the checkpoint's {', '.join(f'{k} {saved_args[k]}' for k in clash)}; {again}")
         saved_args = {**saved_args, "recipe": args.recipe}
-    for name in sorted(args.explicit - set(RUN_LOCAL_ARGS)):
+    for name in sorted(args.explicit - local):
         if name not in saved_args or getattr(args, name) == saved_args[name]:
             continue
-        if name in FIXED_ARGS:
-            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's {saved_args[name]}; {again}")
+        if name in fixed:
+            raise UserError(f"--{name} {getattr(args, name)} conflicts with the checkpoint's "
+                            f"{shown(saved_args[name])}; {again}")
         if master:
-            print(f"--resume: --{name} changes from {saved_args[name]} to {getattr(args, name)}")
+            print(f"--resume: --{name} changes from {shown(saved_args[name])} to {shown(getattr(args, name))}")
     return args
 
 

@@ -14,11 +14,10 @@ from dataclasses import asdict
 
 import torch
 
-from nanogpt.arguments import saved_arguments
 from nanogpt.cli import UserError, brief
 from nanogpt.config_fields import config_from_checkpoint
 from nanogpt.files import CPUS, atomic_write, block_digests, disk_advice
-from nanogpt.optimizers import OptimizerSettings
+from nanogpt.optimizers import OptimizerSettings, with_settings_of
 from nanogpt.sharding import load_optimizer_state
 from nanogpt.tokenizer import GPT2_VOCAB_SIZE
 
@@ -183,16 +182,15 @@ def training_checkpoint(model_state, optimizer_state, config, step, tokens, load
 
 
 def restore_training_state(ckpt, optimizer, scaler, train_loader, device_type, total_batch_size, fsdp_model=None):
-    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them.
-    Returns (the step to run next, tokens trained on so far): (0, 0) without a checkpoint."""
+    """Put the optimizer, loss scaler, data position and RNGs back where the checkpoint left them; the optimizer's
+    settings stay this run's (with_settings_of), so that what a resume changes is changed. Returns (the step to run
+    next, tokens trained on so far): (0, 0) without a checkpoint."""
     if ckpt is None:
         return 0, 0
-    try:
-        scales = [group.get("lr_scale") for group in optimizer.param_groups]  # this run's rates, not the file's
-        load_optimizer_state(optimizer, ckpt["optimizer"], fsdp_model)
-        for group, scale in zip(optimizer.param_groups, scales):
-            if scale is not None:
-                group["lr_scale"] = scale
+    try:  # the state of each parameter from the file, the settings (today's flags) this run's
+        load_optimizer_state(optimizer, with_settings_of(optimizer, ckpt["optimizer"]), fsdp_model)
+        if getattr(optimizer, "before_step", None) and "steps" not in ckpt["optimizer"]:
+            optimizer.steps = ckpt["step"] + 1  # a schedule (Muon's momentum warm-up) the run had not: the steps taken
         train_loader.load_state_dict(ckpt["loader"])
         if "rng" in ckpt:
             torch.set_rng_state(ckpt["rng"]["cpu"])
@@ -227,13 +225,14 @@ def check_resumable(ckpt, path, config_class, make_model):
                         f"({brief(e)})") from None
 
 
-def resumed_schedule(ckpt, args, say, schedule_class):
+def resumed_schedule(ckpt, saved, args, say, schedule_class):
     """The resumed run's learning-rate schedule (schedule_class: train_gpt2's LRSchedule). When the command line
     changes the schedule's settings, --schedule_change says what becomes of it from the resume step: recompute (the
     new settings' schedule, as if the run had always had them, from where an earlier resume moved it if one did: the
     rate may jump), stretch (from the rate it has now, down to the new minimum at the new --max_steps, in the new
-    shape) or restart (a new warmup, then the new shape). The rate is said on the console."""
-    saved, moved = saved_arguments(ckpt), ckpt.get("schedule", {"start": 0, "start_lr": None})
+    shape) or restart (a new warmup, then the new shape). The rate is said on the console. saved: the checkpoint's
+    arguments (nanogpt.arguments.saved_arguments')."""
+    moved = ckpt.get("schedule", {"start": 0, "start_lr": None})
     if not isinstance(moved, dict) or set(moved) != {"start", "start_lr"}:
         raise UserError("the checkpoint's learning-rate schedule is not one this program writes; "
                         "it is damaged or not a checkpoint of train_gpt2.py")

@@ -7,6 +7,7 @@ argument parser, and the flags several scripts take (--device, --dtype, --compil
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 
 INT_MAX = 2**31 - 1  # counts beyond this are typos, and overflow C integers in torch
@@ -167,12 +168,61 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             return action.help or ""
         return super()._get_help_string(action)
 
+UNSET = object()  # RunOption.before's default: the flag's own default
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """What a flag declares beside argparse's keywords, in the same add_argument call of a CLIParser's group (a run
+    option, as a model option is a GPTConfig field: declared once). nanogpt.arguments reads it to refuse a value, a
+    flag that would do nothing, a --resume that changes what a run cannot change, and to know what a checkpoint
+    written before the flag existed ran with.
+    at_least, above, at_most: its range (a whole number from at_least to at_most, else to INT_MAX; a finite number
+    >= at_least or > above, and at most at_most); usual: the words on its usual size, said beside at_most;
+    needs: (switch, value): it acts only while --switch is on (--switch value turns it on; value None: a switch);
+    not_empty: an empty string is refused ("$UNSET_VARIABLE");
+    resume: "change" (a --resume may change it, said and made), "fixed" (refused), "local" (today's command line's
+    only, never the checkpoint's);
+    before: what a checkpoint that predates the flag ran with (default: its default)."""
+    name: str
+    at_least: float = None
+    above: float = None
+    at_most: float = None
+    usual: str = None
+    needs: tuple = None
+    not_empty: bool = False
+    resume: str = "change"
+    before: object = UNSET
+
+
+class DeclaringGroup(argparse._ArgumentGroup):
+    """A CLIParser's group: add_argument takes RunOption's keywords beside argparse's and records them."""
+
+    def __init__(self, parser, *args, **kwargs):
+        super().__init__(parser, *args, **kwargs)
+        self.parser = parser
+
+    def add_argument(self, *args, **kwargs):
+        declared = {name: kwargs.pop(name) for name in list(kwargs) if name in RunOption.__dataclass_fields__}
+        action = super().add_argument(*args, **kwargs)
+        if declared or action.dest not in self.parser.options:  # (--no_x, x's second flag, declares nothing new)
+            self.parser.options[action.dest] = RunOption(action.dest, **declared)
+        return action
+
+
 class CLIParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr, like every other user error here."""
+    """argparse whose errors are one line on stderr, like every other user error here; its groups record each flag's
+    RunOption (options: {dest: RunOption})."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(**kwargs)
+        self.options = {}
+
+    def add_argument_group(self, *args, **kwargs):
+        group = DeclaringGroup(self, *args, **kwargs)
+        self._action_groups.append(group)
+        return group
 
     def error(self, message):
         print(f"error: {message} (see --help)", file=sys.stderr)
@@ -215,14 +265,15 @@ def add_system_flags(group, dtype_default="auto", compile_default=None, device_h
     group.add_argument("--no_compile", dest="compile", action="store_false", help="run eagerly")
 
 
-def add_weights_flags(group, checkpoint=True, init_from_default=None):
-    """--checkpoint (ours) and --init_from (GPT-2 weights): where a script's model comes from."""
+def add_weights_flags(group, checkpoint=True, init_from_default=None, **declared):
+    """--checkpoint (ours) and --init_from (GPT-2 weights): where a script's model comes from. declared: RunOption's
+    keywords of --init_from (train_gpt2.py's)."""
     if checkpoint:
         group.add_argument("--checkpoint", default=None, help="our model_<step>.pt, or a log folder (its newest checkpoint)")
     scratch = "scratch (a new model), " if init_from_default == "scratch" else ""
     group.add_argument("--init_from", default=init_from_default,
                        help=f"{scratch}gpt2, gpt2-medium, gpt2-large, gpt2-xl (the Hugging Face hub), or a local "
-                            "transformers folder of a GPT-2, Llama or Qwen3 model")
+                            "transformers folder of a GPT-2, Llama or Qwen3 model", **declared)
 
 
 def name_settings_in_help(parser, presets, recipes):

@@ -213,6 +213,11 @@ def parse_example(kind, line, where):
             if not isinstance(ex[name], list) or not ex[name]:
                 raise UserError(f"{where}: '{name}' must be a list of strings")
             out[name] = [text_of(v, where, name) for v in ex[name]]
+            if len(out[name]) < 2:  # one option is always the pick
+                raise UserError(f"{where}: '{name}' holds one option; an example offers two or more to choose from")
+            empty = [i for i, v in enumerate(out[name]) if not v.strip()]
+            if empty:  # no text of its own to score (or, all empty, nothing that tells them apart)
+                raise UserError(f"{where}: {name}[{empty[0]}] is empty; each option needs text to be scored")
         elif name == "gold":
             options = out["choices" if kind == "multiple_choice" else "context_options"]
             gold = ex["gold"]
@@ -223,8 +228,11 @@ def parse_example(kind, line, where):
             out["gold"] = gold
         else:
             out[name] = text_of(ex[name], where, name)
-    if kind == "language_modeling" and not out["continuation"]:
+    if "continuation" in out and not out["continuation"].strip():
         raise UserError(f"{where}: 'continuation' is empty; there is nothing to predict")
+    for name in ("query", "context"):  # what the answer is predicted from
+        if name in out and not out[name].strip():
+            raise UserError(f"{where}: '{name}' is empty; an example needs one for its answer to follow")
     return out
 
 

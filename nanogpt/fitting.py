@@ -6,7 +6,9 @@ training step that changes nothing, and takes the first that fits on every proce
 memory later is run again from its start at half the micro-batch.
 """
 
+import collections
 import contextlib
+import copy
 import functools
 import gc
 
@@ -39,13 +41,16 @@ def fits_by_trial(args, ckpt, device_type):
 
 
 def largest_batch_size(args, preset_batch_size, config, params, dtype, device_type, world_size, local_world_size,
-                       free_gpu_bytes=None):
+                       free_gpu_bytes=None, smallest=int):
     """(the micro-batch --batch_size auto tries first, [the larger ones left out]): the largest divisor of this
     process's share of the total batch up to --batch_size (auto: the preset's micro-batch); on a CPU, whose
     out-of-memory the kernel answers by killing the process, the largest whose estimated memory
-    (arguments.run_estimated_bytes) is available; under --fsdp on a GPU, which takes no trial (a sharded step's
-    collectives cannot be tried one process at a time), the largest whose estimate, its weights and their state
-    sharded, fits the GPU's free memory (free_gpu_bytes: its measure)."""
+    (arguments.run_estimated_bytes, with the process's margin: cpu_process_bytes) is available; under --fsdp on a
+    GPU, which takes no trial (a sharded step's collectives cannot be tried one process at a time), the largest whose
+    estimate, its weights and their state sharded, fits the GPU's free memory (free_gpu_bytes: its measure). Each
+    process measures its own memory, so the processes agree on the smallest of their picks (smallest:
+    smallest_of_every_rank's), which every one then tries first: ranks running different numbers of micro-steps
+    would hang in their collectives."""
     cap = args.batch_size if args.batch_size != "auto" else preset_batch_size
     candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap)
     estimate = functools.partial(arguments.run_estimated_bytes, config, params, args, dtype=dtype,
@@ -53,18 +58,30 @@ def largest_batch_size(args, preset_batch_size, config, params, dtype, device_ty
     fits = None
     if device_type == "cpu" and (have := arguments.available_memory_bytes()) is not None:
         def fits(b):
-            return estimate(b) * local_world_size <= have
+            return arguments.cpu_process_bytes(estimate(b)) * local_world_size <= have
     elif device_type == "cuda" and args.fsdp and world_size > 1:
         free = free_gpu_bytes() if free_gpu_bytes else torch.cuda.mem_get_info()[0]
 
         def fits(b):
             return arguments.fits_on_gpu(estimate(b, shards=world_size), free)
-    skipped = []
     if fits is not None:
-        kept = [b for b in candidates if fits(b)] or candidates[-1:]
-        skipped = [b for b in candidates if b > kept[0]] if kept else []
-        candidates = kept
-    return (candidates[0] if candidates else 1), skipped  # none: the share is not whole rows (check_batch_split)
+        candidates = [b for b in candidates if fits(b)] or candidates[-1:]
+    first = smallest(candidates[0] if candidates else 1)  # none: the share is not whole rows (check_batch_split)
+    return first, [b for b in candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, cap) if b > first]
+
+
+def smallest_of_every_rank(ddp, device):
+    """smallest(n) for largest_batch_size: the smallest n of every process (an all-reduce of the minimum)."""
+    if not ddp:
+        return int
+
+    def smallest(n):
+        import torch.distributed as dist
+
+        value = torch.tensor([n], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return int(value.item())
+    return smallest
 
 
 def describe_split(batch_size, seq_len, world_size, total_batch_size):
@@ -75,18 +92,34 @@ def describe_split(batch_size, seq_len, world_size, total_batch_size):
 
 
 def batch_ramp(args, world_size, ckpt):
-    """The batch warm-up's start and rounding unit in tokens, train_gpt2.micro_batches_per_step's keywords: fixed when
+    """The batch warm-up's start and rounding unit in tokens, micro_batches_per_step's keywords: fixed when
     the run starts, from the largest micro-batch it may take (--batch_size, or the largest auto tries first; every
     smaller one it may pick, or an out-of-memory retry falls to, divides it), and kept in its checkpoints (key
     "ramp"), so that --batch_size auto, a retry and a resume elsewhere train the same tokens each step. A checkpoint
-    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step.
-    {}: no warm-up."""
+    written before the key existed ramps as it did: in whole micro-batches of the run's micro-batch at each step. A
+    --batch_size_start a resume gives is the ramp's start from there. {}: no warm-up."""
     if not args.batch_size_warmup_tokens:
         return {}
     if ckpt is not None:
-        return ckpt.get("ramp", {"start": args.batch_size_start})
+        ramp = ckpt.get("ramp", {"start": args.batch_size_start})
+        return {**ramp, "start": args.batch_size_start or ramp.get("start")}
     unit = args.batch_size * args.seq_len * world_size
     return {"start": args.batch_size_start or unit, "unit": unit}
+
+
+def micro_batches_per_step(tokens_seen, micro, total, warmup_tokens=0, start=None, unit=None):
+    """Micro-batches (of micro = batch_size * seq_len * world_size tokens) each process runs in the step
+    that starts after tokens_seen tokens: total // micro, or during a batch warm-up (GPT-3's) a batch that
+    grows linearly in tokens seen from `start` tokens to `total` over warmup_tokens, rounded down to whole
+    `unit`s of tokens (at least one); integer arithmetic, so every rank agrees. unit (default: micro) and start
+    (default: unit) are batch_ramp's: fixed when the run starts, so the micro-batch does not change the ramp."""
+    full = total // micro
+    if tokens_seen >= warmup_tokens:
+        return full
+    unit = unit or micro
+    start = start or unit
+    tokens = max(unit, min(total, (start + (total - start) * tokens_seen // warmup_tokens) // unit * unit))
+    return tokens // micro
 
 
 def candidate_batch_sizes(total_batch_size, seq_len, world_size, cap):
@@ -144,46 +177,48 @@ def weights_untouched(optimizer, before):
     return True
 
 
-def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast, reserve_bytes=0):
+def trial_step(model, optimizer, loss_of, batch_size, seq_len, device, autocast):
     """A training step's peak at this micro-batch, changing nothing: a forward and backward, the optimizer's step
     at a rate of 0 on zero gradients (the weights stay as they are, bit for bit), which makes its state, then a
     second forward and backward with that state and the gradients held, as every later micro-step of a run has
-    them; the tokens are zeros (no random draw, no data read), and the state is dropped again (the trial runs
-    before a fresh run's first step, whose optimizer has none). reserve_bytes: memory held besides (DDP's
-    gradient buckets). loss_of: the loop's objective (train_gpt2.batch_loss). Raises what the step raises: an
-    out-of-memory among others."""
-    reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device=device) if reserve_bytes else None
+    them; the tokens are zeros (no random draw, no data read). Every optimizer's state and its groups' settings
+    (counters an optimizer keeps there too) are put back as they were. loss_of: the loop's objective
+    (train_gpt2.batch_loss). model: the training module (under DDP its wrapper, whose gradients are not synchronised
+    here). Raises what the step raises: an out-of-memory among others."""
+    optimizers = local_optimizers(optimizer)
+    kept = [(copy.deepcopy(opt.state_dict()["param_groups"]), dict(opt.state)) for opt in optimizers]
     model.train()  # the graph training runs (a loaded model comes in eval mode)
     try:
         x = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
         forward_backward(model, loss_of, x, autocast)
-        for opt in local_optimizers(optimizer):
-            rates = [group["lr"] for group in opt.param_groups]
+        for opt in optimizers:
+            opt.state = collections.defaultdict(dict)  # the step makes its own; the kept one is not touched
             for group in opt.param_groups:
                 group["lr"] = 0.0
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.zero_()
-            try:
-                with getattr(opt, "alone", contextlib.nullcontext)():  # no collective (Muon's: see alone)
-                    opt.step()
-            finally:
-                for group, rate in zip(opt.param_groups, rates):
-                    group["lr"] = rate
+            with getattr(opt, "alone", contextlib.nullcontext)():  # no collective (Muon's: see alone)
+                opt.step()
         forward_backward(model, loss_of, x, autocast)  # a real step's peak: its optimizer state and gradients held
     finally:
-        del reserve
-        for opt in local_optimizers(optimizer):
-            opt.state.clear()
+        for opt, (settings, state) in zip(optimizers, kept):
+            for group, setting in zip(opt.param_groups, settings):
+                params = group["params"]
+                group.clear()
+                group.update(setting, params=params)
+            opt.state = collections.defaultdict(dict, state)
         optimizer.zero_grad(set_to_none=True)
 
 
 def forward_backward(model, loss_of, x, autocast):
     # targets apart from the inputs, as the loop's are: torch.compile guards on the two being one tensor, and would
-    # compile a graph for the trial that training never uses
-    with autocast:
-        loss, _ = loss_of(model, x, torch.zeros_like(x))
-    loss.backward()
+    # compile a graph for the trial that training never uses. Under DDP through its wrapper (so that Dynamo splits
+    # the graph at the gradient buckets as training's is), but without its all-reduce: ranks try on their own
+    with getattr(model, "no_sync", contextlib.nullcontext)():
+        with autocast:
+            loss, _ = loss_of(model, x, torch.zeros_like(x))
+        loss.backward()
 
 
 def release_memory(device_type):

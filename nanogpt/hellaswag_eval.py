@@ -7,6 +7,7 @@ forward pass; evaluate() and the training loop's hellaswag_scorer() over it. hel
     python hellaswag.py --checkpoint log/model_19072.pt
 """
 
+import functools
 import json
 import os
 import re
@@ -53,9 +54,14 @@ def parse_example(line, where):
         raise UserError(f"{where}: expected a JSON object with ctx, endings and label")
     if not isinstance(ex.get("ctx"), str):
         raise UserError(f"{where}: missing field 'ctx' (the context, a string)")
+    if not ex["ctx"].strip():  # nothing to condition the endings on: it would score them alone
+        raise UserError(f"{where}: 'ctx' is empty; an example needs a context for its endings to follow")
     endings = ex.get("endings")
     if not isinstance(endings, list) or len(endings) != 4 or not all(isinstance(e, str) for e in endings):
         raise UserError(f"{where}: 'endings' must be a list of 4 strings")
+    empty = [i + 1 for i, e in enumerate(endings) if not e.strip()]
+    if empty:  # no text of its own: nothing to score it by, or to normalise by
+        raise UserError(f"{where}: ending {empty[0]} is empty; each of the 4 endings needs text to be scored")
     label = ex.get("label")
     # the HF dataset stores labels as strings; isdecimal, not isdigit, which passes '²' that int() refuses
     if isinstance(label, str) and label.strip().isdecimal():
@@ -166,16 +172,16 @@ def render(example, enc, style="nanogpt"):
                             "lm-evaluation-harness's cleanup, so --style harness cannot score it; use --style nanogpt "
                             "or leave the example out")
         # the harness moves trailing spaces of the context onto the continuation, encodes context +
-        # continuation as one string and keeps the tokens after the context's
+        # continuation as one string and keeps the tokens after the context's; its (transformers') tokenizer reads a
+        # literal <|endoftext|> in the text as the special token, and so does this style
         stripped = query.rstrip()
         query, spaces = stripped, query[len(stripped):]
-        ctx = enc.encode_ordinary(query)
-        endings = [enc.encode_ordinary(query + spaces + " " + c)[len(ctx):] for c in choices]
+        encode = functools.partial(enc.encode, allowed_special={"<|endoftext|>"})
+        ctx = encode(query)
+        endings = [encode(query + spaces + " " + c)[len(ctx):] for c in choices]
         norms = [len(c) for c in choices]
     else:
         raise UserError(f"--style {style!r}: expected one of {', '.join(STYLES)}")
-    if not ctx:  # an empty context: condition on <|endoftext|>, as the harness does
-        ctx = [enc.eot_token]
     return ctx, endings, norms
 
 

@@ -232,9 +232,10 @@ def hf_to_our_state_dict(hf_sd):
 # these alone (its default): a field added to GPTConfig is refused by every export until it is declared here and
 # written by the export.
 EXPORTED_FIELDS = {
-    "gpt2": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "zero_init"),
-    "llama": ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch", "zero_init", "n_kv_head",
-              "qk_norm", "rope_theta", "tie_embeddings"),
+    "gpt2": ("block_size", "vocab_size", "mask_padding", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch",
+             "zero_init"),
+    "llama": ("block_size", "vocab_size", "mask_padding", "n_layer", "n_head", "n_embd", "mlp_hidden", "arch",
+              "zero_init", "n_kv_head", "qk_norm", "rope_theta", "tie_embeddings"),
 }
 
 
@@ -403,7 +404,8 @@ def llama_shape(hf, source, untied=False):
                         f"{'; '.join(problems)}; give one exported by generate_tokens.py --export_hf")
     return dict(block_size=get("max_position_embeddings"), vocab_size=get("vocab_size"), n_layer=get("num_hidden_layers"),
                 n_head=heads, n_embd=width, arch="llama", n_kv_head=kv_heads, qk_norm=get("model_type") == "qwen3",
-                rope_theta=theta, mlp_hidden=get("intermediate_size"), tie_embeddings=not untied)
+                rope_theta=theta, mlp_hidden=get("intermediate_size"), tie_embeddings=not untied,
+                mask_padding=False)  # (what transformers computes: a probability for every row)
 
 
 def llama_names(config, tied=None):

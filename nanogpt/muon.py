@@ -170,8 +170,10 @@ class Muon(torch.optim.Optimizer):
         buffers are put back and the weights multiplied by 1 and moved by 0."""
         grads = torch.stack([p.grad for p in params])
         buffers = self.momentum_stack(params, like=grads)
-        momentum = group["momentum"]
-        moved = buffers.lerp_(grads, 1 - momentum) if skip is None else buffers.lerp(grads, 1 - momentum)
+        momentum, rest = group["momentum"], 1 - group["momentum"]
+        if torch.is_tensor(momentum):  # a schedule's momentum computed on the device (a float64 0-d tensor)
+            momentum, rest = momentum.to(grads.dtype), rest.to(grads.dtype)  # as a number is taken: rounded once
+        moved = buffers.lerp_(grads, rest) if skip is None else buffers.lerp(grads, rest)
         update = grads.lerp_(moved, momentum) if group["nesterov"] else moved  # (grads: the stack, a copy)
         ortho = orthogonalised(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.process_group)
         # exact in the weights' dtype; contiguous like them, so that foreach ops take their fast path on a GPU

@@ -1,8 +1,9 @@
 """
-The optimizers: the parameters by role (parameters_by_role), the table of the weight matrices' optimizers
-(MATRIX_OPTIMIZERS: AdamW, Muon) from which configure_optimizers builds a run's, the one that is not AdamW stepped
-beside AdamW for the rest as one optimizer (MatricesWithAdamW), AdamW's groups by role, and the step skipped when
-the loss or the gradients are not finite (step_if_finite).
+The optimizers: the parameters by role (parameters_by_role), the table of the optimizers (MATRIX_OPTIMIZERS: AdamW,
+Muon; each entry says what it takes, the weight matrices beside AdamW or the whole model, and what it needs) from
+which configure_optimizers builds a run's (build_optimizer), a matrices' optimizer stepped beside AdamW for the rest as
+one optimizer (MatricesWithAdamW), AdamW's groups by role, and the step skipped when the loss or the gradients are not
+finite (step_if_finite).
 """
 
 import functools
@@ -37,19 +38,32 @@ class MatricesWithAdamW:
         return {**self.matrices.state, **self.adamw.state}
 
     def step(self):
+        found_inf = getattr(self.matrices, "found_inf", None)  # step_if_finite's skip decided on the device, or None
         if self.before_step:
             self.before_step(self.matrices, self.steps)
         self.matrices.step()
         self.adamw.step()
-        self.steps += 1
+        if found_inf is None:
+            self.steps += 1
+        else:  # a skipped step is not counted, without the host reading the verdict: the count stays on the device
+            self.steps = (1 - found_inf.to(count_dtype(found_inf.device))) + self.steps
 
     def zero_grad(self, set_to_none=True):
         self.matrices.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
+    def eval(self):  # the modes of a matrices' optimizer that has them (its entry's modes)
+        self.matrices.eval()
+
+    def train(self):
+        self.matrices.train()
+
     def state_dict(self):
-        steps = {"steps": self.steps} if self.before_step else {}  # a run without a schedule: as it always was
-        return {self.name: self.matrices.state_dict(), "adamw": self.adamw.state_dict(), **steps}
+        matrices = self.matrices.state_dict()
+        for group in matrices["param_groups"]:  # a schedule's value computed on the device: saved as a number
+            group.update({k: v.item() for k, v in group.items() if torch.is_tensor(v) and v.dim() == 0})
+        steps = {"steps": int(self.steps)} if self.before_step else {}  # a run without a schedule: as it always was
+        return {self.name: matrices, "adamw": self.adamw.state_dict(), **steps}
 
     def load_state_dict(self, state):
         self.matrices.load_state_dict(state[self.name])
@@ -57,11 +71,38 @@ class MatricesWithAdamW:
         self.steps = state.get("steps", 0)
 
 
+def count_dtype(device):
+    """The dtype of a count of steps kept on the device: float64 (exact, and its arithmetic the host's), float32 where
+    the device has no float64 (mps; exact up to 2**24 steps)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def with_settings_of(optimizer, state):
+    """A checkpoint's optimizer state dict (`state`) with every param group's settings (each key but its "params": the
+    rate's scale, the weight decay, fused or foreach, Muon's momentum) taken from `optimizer`, this run's, built from
+    today's flags: a setting a resume changes (--weight_decay, --fused_adamw, --muon_lr, ...) holds from the resume
+    step, and the checkpoint brings the state of each parameter (moments, step counts) and the keys an optimizer says
+    it keeps of its own in its groups (its group_state: schedule-free's mode and counters). Groups that do not pair
+    are left for the load to refuse."""
+    if isinstance(optimizer, MatricesWithAdamW):
+        return {**state, optimizer.name: with_settings_of(optimizer.matrices, state[optimizer.name]),
+                "adamw": with_settings_of(optimizer.adamw, state["adamw"])}
+    saved = state["param_groups"]
+    if len(saved) != len(optimizer.param_groups):
+        return state
+    kept = ("params", *getattr(optimizer, "group_state", ()))
+    return {**state, "param_groups": [{**group, **{k: v for k, v in mine.items() if k not in kept}}
+                                      for group, mine in zip(saved, optimizer.param_groups)]}
+
+
 def muon_momentum_warmup(warmup, muon, steps):
-    """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]."""
+    """Muon's momentum, climbing linearly over its first `warmup` steps from MUON_MOMENTUM[0] to [1]. steps: the
+    steps taken, a number or (where a skip is decided on the device) a 0-d tensor there, which gives the momentum as
+    one: the same arithmetic in float64, with no wait for the device."""
     low, high = MUON_MOMENTUM
+    climbed = (steps / warmup).clamp(max=1.0) if torch.is_tensor(steps) else min(steps / warmup, 1.0)
     for group in muon.param_groups:
-        group["momentum"] = low + (high - low) * min(steps / warmup, 1.0)
+        group["momentum"] = low + (high - low) * climbed
 
 
 def make_muon(groups, rate, settings, process_group):
@@ -75,24 +116,33 @@ def make_muon(groups, rate, settings, process_group):
 
 @dataclass(frozen=True)
 class MatrixOptimizer:
-    """An entry of MATRIX_OPTIMIZERS: the optimizer of the weight matrices (parameters_by_role's "matrix"); AdamW
-    takes the rest."""
-    make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's
+    """An entry of MATRIX_OPTIMIZERS, --optimizer's: the optimizer of the weight matrices (parameters_by_role's
+    "matrix"), AdamW taking the rest; or of the whole model (takes "model"). What it is and what it needs are read from
+    here by configure_optimizers (build_optimizer), the argument checks, the memory estimate and the run
+    (Run.evaluation_weights), never by its name."""
+    make: object = None  # (groups, rate, settings, process_group) -> (optimizer, before_step or None); None: AdamW's.
+    # A whole model's: groups are AdamW's (decayed 2-D tensors, or the rates by role), rate --max_lr, no before_step
     name: str = "AdamW"  # in messages
     rate_flag: str = None  # the flag (one of flags) of the matrices' peak rate, which the schedule scales as it
-    # scales --max_lr; None: --max_lr
+    # scales --max_lr; None: --max_lr (a whole model's optimizer trains at --max_lr)
     usual_rate: float = None  # the rate_flag's usual size: its default, and in the message refusing one too large
     flags: tuple = ()  # its own flags, refused with another --optimizer ("does nothing")
-    state_bytes: int = 8  # its state per parameter (fp32): the memory estimate's
+    state_bytes: int = 8  # its state per parameter it takes (fp32): the memory estimate's
     shardable: bool = True  # whether --zero 1 / --fsdp can take it (ZeRO-1 shards one class; FSDP splits matrices)
     fp16: bool = True  # whether fp16's loss scaler is wired to it
     about: str = ""  # for --optimizer's help
+    takes: str = "matrices"  # "matrices": the weight matrices, AdamW (at --max_lr) the rest; "model": every parameter
+    schedules: tuple = None  # the learning-rate schedules it trains with, of arguments.SCHEDULE_KINDS ("held": a rate
+    # that stays at its peak after the warm-up, as schedule-free's needs), others refused; None: any
+    modes: bool = False  # it has modes, as schedule-free's torch optimizers: .eval() puts the weights to evaluate (an
+    # average) into the model and .train() the trained ones back, both kept in its state; every rank switches around
+    # the loop's evaluations and every checkpoint, which holds the weights to evaluate (Run.evaluation_weights)
 
 
-# --optimizer's choices. A new optimizer of the matrices is an entry here, its factory, and its flags in
-# train_gpt2.build_parser(); checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
+# --optimizer's choices. A new optimizer is an entry here, its factory, and its flags in train_gpt2.build_parser();
+# checkpoints, resumes, the step line's rate, refusals and the memory estimate follow.
 MATRIX_OPTIMIZERS = {
-    "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter"),
+    "adamw": MatrixOptimizer(about="adamw: AdamW on every parameter", takes="model"),
     # Muon's usual rate 0.02: docs/recipes.md
     "muon": MatrixOptimizer(make_muon, "Muon", "muon_lr", 0.02, ("muon_lr", "muon_momentum_warmup"), state_bytes=4,
                             shardable=False, fp16=False,
@@ -118,6 +168,23 @@ class OptimizerSettings:
         name, max_lr = get("optimizer") or "adamw", get("max_lr")
         return cls(name, 1.0 if max_lr is None else max_lr, get("weight_decay") or 0.0, adamw_rates(args),
                    {flag: get(flag) for flag in MATRIX_OPTIMIZERS[name].flags})
+
+
+def build_optimizer(settings, matrices, groups, make_adamw, process_group=None):
+    """The optimizer of --optimizer (settings.optimizer, an entry of MATRIX_OPTIMIZERS), as its entry says: AdamW's
+    (make_adamw(groups)); a whole model's, over groups (AdamW's groups of every parameter); or a matrices' over
+    `matrices` (the weight matrices, left out of groups) stepped beside AdamW over groups."""
+    entry = MATRIX_OPTIMIZERS[settings.optimizer]
+    if entry.make is None:
+        return make_adamw(groups)
+    if entry.takes == "model":
+        optimizer, before_step = entry.make(groups, settings.max_lr, settings, process_group)
+        assert before_step is None, f"{entry.name}: a whole model's optimizer keeps its own schedule of settings"
+    else:
+        optimizer = matrices_with_adamw(matrices, make_adamw(groups), settings, process_group)
+    if entry.modes:  # in train mode from the start (schedule-free's torch optimizers start in eval mode)
+        optimizer.train()
+    return optimizer
 
 
 def matrices_with_adamw(matrices, adamw, settings, process_group=None):
@@ -214,12 +281,16 @@ def step_if_finite(optimizer, scaler, loss, norm):
     optimizer state, its step count). Returns that verdict, a bool tensor on the device. Where every optimizer of
     this process takes a found_inf flag it is decided on the device, so the host queues the optimizer's work
     without waiting for the backward to end; elsewhere (the CPU's foreach AdamW, where waiting costs nothing) the
-    host reads it. fp16: the loss scaler skips an overflow of the gradients itself; the loss is read here."""
+    host reads it. fp16: the loss scaler skips an overflow of the gradients itself; the loss is read here, and a
+    non-finite one skips the step as an overflow does, the scale lowered (the scaler's step is over either way:
+    the next unscale_ would otherwise find this one's)."""
     if scaler.is_enabled():
         finite = torch.isfinite(loss)
         if bool(finite):
             scaler.step(optimizer)
             scaler.update()
+        else:
+            scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
         return finite
     finite = torch.isfinite(loss) & torch.isfinite(norm)
     local = local_optimizers(optimizer)

@@ -15,11 +15,11 @@ import torch
 
 from nanogpt.arguments import widening_flags
 from nanogpt.checkpoints import checkpoint_path, find_checkpoints, prune_checkpoints, save_checkpoint, training_checkpoint
-from nanogpt.cli import UserError
+from nanogpt.cli import ReportedByRankZero, UserError
 from nanogpt.fitting import release_memory, smaller_batch_size, update_count_now, weights_untouched
 from nanogpt.log_kinds import PARAMS, STEP_MS, VAL_FINEWEB_EDU
-from nanogpt.optimizers import rates_beside
-from nanogpt.runlog import RunLog, run_summary, step_line, step_scalars
+from nanogpt.optimizers import MATRIX_OPTIMIZERS, rates_beside
+from nanogpt.runlog import RunLog, number_lines, run_summary, step_line, step_scalars
 from nanogpt.runtime import (STOP_SIGNALS, RankZeroWork, StopFlag, StuckCollectiveWatch, console, is_out_of_memory,
                              local_peers, peer_gone, peer_gone_error)
 from nanogpt.shard_manifest import says_fineweb_edu
@@ -41,6 +41,7 @@ class Run:
         self.log_file = RunLog(args if self.master else None)
         self.stop = StopFlag()
         self.step_times, self.bad_steps, self.val_loss = [], 0, None
+        self.modes, self.evaluating = False, False  # an optimizer with modes; in eval mode now (evaluation_weights)
 
     def __enter__(self):
         self.old_handlers, self.stuck_watch, self.saving = {}, None, False
@@ -72,14 +73,17 @@ class Run:
         self.optimizer_step, optimizer.step = optimizer.step, self.step_optimizer
         self.zero, self.fsdp, self.lr_schedule = zero, fsdp, lr_schedule
         self.flops_per_token, self.peak = flops_per_token, peak
+        self.modes = MATRIX_OPTIMIZERS[self.args.optimizer].modes
+        if self.modes and ckpt is not None:  # it holds the weights to evaluate: the trained ones back, as after a save
+            optimizer.train()
         self.on_rank0(self.log_file.open, self.args, ckpt, ckpt_path, start_step)
         self.say(header)
         for line in warnings:  # with the header, on stdout: advice on the run's settings
             self.say(f"warning: {line}")
         if ckpt is None:  # what a plot of the log shows beside its curves (nanogpt.log_kinds)
             fineweb_edu = int(says_fineweb_edu(self.args.data_dir))
-            self.rank0.do(self.log_file.record, start_step, f"{PARAMS} {model.num_params()}", {})
-            self.rank0.do(self.log_file.record, start_step, f"{VAL_FINEWEB_EDU} {fineweb_edu}", {})
+            self.rank0.do(self.log_file.record, start_step, [f"{PARAMS} {model.num_params()}",
+                                                             f"{VAL_FINEWEB_EDU} {fineweb_edu}"], {})
         # from here SIGTERM (a scheduler's), Ctrl-C, SIGHUP (a closed terminal) and SIGUSR1 (Slurm's warning before a
         # time limit) end the run after the step, with a checkpoint
         self.old_handlers = {s: signal.signal(s, self.stop) for s in STOP_SIGNALS}
@@ -92,11 +96,36 @@ class Run:
         """Whether something done every `every` steps (0: never) is due at this step; the last step always."""
         return bool(every) and (step % every == 0 or step == self.args.max_steps - 1)
 
+    def evaluation_due(self, step):
+        """Whether one of the loop's evaluations (its *_every flags but --save_every) is due at this step."""
+        return any(self.due(step, every) for name, every in vars(self.args).items()
+                   if name.endswith("_every") and name != "save_every")
+
+    @contextmanager
+    def evaluation_weights(self, step=None):
+        """The weights to evaluate in the model for the block inside: where --optimizer's entry has modes (an average
+        of the weights, as schedule-free's and an EMA's), the optimizer is put in eval mode and back in train mode
+        after; around the loop's evaluations (when one is due at `step`) and every checkpoint's state, which so holds
+        the weights that hellaswag.py, evaluate.py and generate_tokens.py should load, and resumes exactly: a resume
+        (start()) switches back to train mode as the saving run did after the save. Every rank enters it, outside any
+        rank-0 branch (sampling's): a rank that did not switch would evaluate, or go on training, other weights. Inside
+        it again: nothing more."""
+        if not self.modes or self.evaluating or (step is not None and not self.evaluation_due(step)):
+            yield
+            return
+        self.optimizer.eval()
+        self.evaluating = True
+        try:
+            yield
+        finally:
+            self.evaluating = False
+            self.optimizer.train()
+
     def log(self, step, line, scalars, text):
         """An evaluation's result: `text` on the console, `<step> <line>` in log.txt, the scalars to the trackers."""
         self.val_loss = scalars.get("val/loss", self.val_loss)  # the summary's
         self.say(text)
-        self.rank0.do(self.log_file.record, step, line, scalars)
+        self.rank0.do(self.log_file.record, step, [line], scalars)
 
     @contextmanager
     def keeping_progress(self, step, attempt=None):
@@ -155,9 +184,10 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         release_memory(self.device_type)
         step, wide = self.step, "".join(f", {flag}" for flag in widening_flags(self.args))
+        shard = ("shard it across GPUs with --zero 1 or --fsdp (torchrun), or" if MATRIX_OPTIMIZERS[self.args.optimizer]
+                 .shardable else f"--optimizer {self.args.optimizer} cannot be sharded (--zero 1, --fsdp), so")
         where = (f"out of memory in the optimizer's step at step {step}; a smaller --batch_size does not shrink the "
-                 "optimizer's state: shard it across GPUs with --zero 1 or --fsdp (torchrun), or pick a smaller "
-                 f"--model{wide}")
+                 f"optimizer's state: {shard} pick a smaller --model{wide}")
         newest = find_checkpoints(self.args.log_dir)
         if not untouched:
             raise UserError(f"{where}; the update may have changed part of the weights, so nothing was saved after it; "
@@ -170,34 +200,41 @@ class Run:
 
     def log_step(self, step, loss, lr, norm, dt, tokens, tokens_seen, finite, numbers=None):
         """A training step's line on the console, in log.txt and to the trackers; then the weights' health.
-        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers."""
+        numbers: {name: value} the objective logs beside the loss (train_gpt2.batch_loss): the console, the trackers and
+        log.txt (`<step> <name> <value>`, after the step's own line)."""
         self.step_times.append((dt, tokens))
         self.tokens_seen = tokens_seen  # trained on up to and with this step
         eta = (time.time() - self.t_start) / (step + 1 - self.start_step) * (self.args.max_steps - step - 1)
         others = rates_beside(self.optimizer)  # the matrices' optimizer's (Muon's), beside AdamW's lr
         self.say(step_line(step, self.args.max_steps, loss, lr, norm, dt, tokens, self.flops_per_token, self.peak, eta,
                            finite, bool(self.args.batch_size_warmup_tokens), others, numbers))
-        self.rank0.do(self.log_file.record, step, f"{'train' if finite else 'skipped'} {loss:.6f}",
+        self.rank0.do(self.log_file.record, step, [f"{'train' if finite else 'skipped'} {loss:.6f}",
+                                                   *number_lines(numbers or {}), f"{STEP_MS} {dt * 1000:.1f}"],
                       step_scalars(loss, lr, norm, dt, tokens, tokens_seen, self.flops_per_token, self.peak, others,
-                                   numbers))
-        self.rank0.do(self.log_file.record, step, f"{STEP_MS} {dt * 1000:.1f}", {})
+                                   numbers, finite))
         self.bad_steps = 0 if finite else self.bad_steps + 1
         # the weights are looked at where it matters, not every step: after a non-finite step (did an update break
         # them?) and before a checkpoint (checkpoint())
         self.stop_if_broken(step, not finite and not weights_finite(self.model))
 
     def stop_if_broken(self, step, weights_broken):
-        """Stop, naming the last good checkpoint, when the weights hold NaN or inf after this step (an update broke
-        them: the steps skipped since have not) or too many steps in a row were skipped as non-finite."""
+        """Stop when the weights hold NaN or inf after this step (an update broke them: the steps skipped since have
+        not), naming the last good checkpoint; or when too many steps in a row were skipped as non-finite, saving
+        first the state they left, the last good update's (a skipped step changes nothing; its data is passed)."""
         if not weights_broken and self.bad_steps < self.args.max_bad_steps:
             return
-        last_good = find_checkpoints(self.args.log_dir)
-        last_good = last_good[0] if last_good else "none"
+        # every rank stops here alike (the ranks agree on the loss, the norm and the weights): rank 0 says why
+        said = UserError if self.master else ReportedByRankZero
         if weights_broken:
-            raise UserError(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
-                            f"was saved after it); last good checkpoint: {last_good}; lower --max_lr")
-        raise UserError(f"{self.bad_steps} non-finite steps in a row at step {step}; the weights were not updated by "
-                        f"them. Last good checkpoint: {last_good}; lower --max_lr or check the data")
+            last_good = find_checkpoints(self.args.log_dir)
+            raise said(f"the weights hold NaN or inf after step {step}: an update made them non-finite (nothing "
+                       f"was saved after it); last good checkpoint: {last_good[0] if last_good else 'none'}; "
+                       f"lower {rate_flags(self.args)}")
+        path = self.save_on_every_rank(step, self.tokens_seen)
+        steps = f"{self.bad_steps} non-finite step{'s' if self.bad_steps != 1 else ''}"
+        raise said(f"{steps} in a row at step {step}; the weights were not updated by them, and the state after the "
+                   f"last good update is saved in {path}; lower {rate_flags(self.args)} or check the data, then "
+                   "--resume")
 
     def saved_at(self, step):
         """Whether --save_every checkpoints the state after this step."""
@@ -209,30 +246,38 @@ class Run:
         stop_now = self.rank0.agree(self.stop.set)
         if step == self.args.max_steps - 1 or self.saved_at(step) or stop_now:
             self.stop_if_broken(step, not weights_finite(self.model))  # no checkpoint holds weights that broke
-            # under --zero 1 / --fsdp every rank takes part in gathering the state
-            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
-                                                                             self.fsdp, self.master),
-                                                f"gathering the state of step {step} for its checkpoint")
-            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
-            del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
-            if self.ddp:
-                self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
+            self.save_on_every_rank(step, tokens_seen)
         if stop_now:
             self.say(f"stopped by signal after step {step}; "
                      f"`--resume` continues from {checkpoint_path(self.args.log_dir, step)}")
         return stop_now
 
+    def save_on_every_rank(self, step, tokens_seen):
+        """The checkpoint of the state after `step`, every rank taking part (under --zero 1 / --fsdp in gathering
+        the state); its path."""
+        with self.evaluation_weights():  # (every rank: under --zero 1 / --fsdp each takes part in gathering)
+            gathered = self.freeing_memory_once(lambda: gathered_state_dicts(self.model, self.optimizer, self.zero,
+                                                                             self.fsdp, self.master),
+                                                f"gathering the state of step {step} for its checkpoint")
+            self.rank0.do(self.save, step, self.loader.state_dict(), tokens_seen, gathered)
+            del gathered  # under --zero 1 / --fsdp rank 0's gathered copies: not kept until the next save
+        if self.ddp:
+            self.rank0.agree()  # the barrier after a checkpoint: every rank leaves if it could not be written
+        return checkpoint_path(self.args.log_dir, step)
+
     def save(self, step, loader_state, tokens_seen, gathered=None):
         """Rank 0: the checkpoint of the state after `step` (gathered: gathered_state_dicts' model and optimizer
-        state under --zero 1 / --fsdp), then --keep_checkpoints' pruning. Returns its path."""
-        model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
-                                                                           self.optimizer.state_dict())
+        state under --zero 1 / --fsdp), with the weights to evaluate (evaluation_weights: checkpoint()'s on every rank;
+        a save as a failing run stops, rank 0's alone), then --keep_checkpoints' pruning. Returns its path."""
         path = checkpoint_path(self.args.log_dir, step)
         self.saving = True  # StuckCollectiveWatch does not end a process while it writes a checkpoint
         try:  # (the state is copied to the host as it is written)
-            self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
-                model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
-                self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
+            with self.evaluation_weights():
+                model_state, optimizer_state = gathered if gathered is not None else (self.model.state_dict(),
+                                                                                   self.optimizer.state_dict())
+                self.freeing_memory_once(lambda: save_checkpoint(path, training_checkpoint(
+                    model_state, optimizer_state, self.model.config, step, tokens_seen, loader_state, self.scaler,
+                    self.args, self.device_type, self.lr_schedule.moved(), self.fixed)), f"writing {path}")
         finally:
             self.saving = False
         if self.args.keep_checkpoints:
@@ -268,6 +313,15 @@ class Run:
         self.say(run_summary(self.step_times, self.flops_per_token, self.peak, self.device_type, self.val_loss,
                              time.time() - self.t_start, tokens_seen, epoch_tokens,
                              self.start_step + len(self.step_times)))
+
+
+def rate_flags(args):
+    """The flags of the run's peak learning rates, for a message that says to lower them: the matrices' optimizer's
+    own (--muon_lr), --max_lr, and the rates by role a recipe gives (--embed_lr, ...)."""
+    names = [MATRIX_OPTIMIZERS[args.optimizer].rate_flag, "max_lr",
+             *(f"{role}_lr" for role in ("embed", "head", "scalar") if getattr(args, f"{role}_lr", None) is not None)]
+    flags = [f"--{name}" for name in names if name]
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} or {flags[-1]}"
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 from nanogpt.checkpoints import CHECKPOINT_RE, find_checkpoints
 from nanogpt.cli import UserError, brief
 from nanogpt.files import atomic_write, disk_advice, lock_folder, temporary_of, unlock_folder
-from nanogpt.log_kinds import timed_steps
+from nanogpt.log_kinds import RUN_KINDS, timed_steps
 from nanogpt.runtime import console
 
 
@@ -136,13 +136,13 @@ class RunLog:
                 raise UserError(f"--wandb {args.wandb}: cannot start the W&B run ({brief(e)}); run `wandb login`, "
                                 "or set WANDB_MODE=offline to log on this machine only") from None
 
-    def record(self, step, line, scalars):
-        """`<step> <line>` into log.txt, the scalars to the trackers."""
+    def record(self, step, lines, scalars):
+        """`<step> <line>` into log.txt for each of lines (`<kind> <value>` each), the scalars to the trackers."""
         if self.path is None:
             return
         try:
             with open(self.path, "a") as f:
-                f.write(f"{step} {line}\n")
+                f.write("".join(f"{step} {line}\n" for line in lines))
         except OSError as e:
             raise UserError(f"cannot append to {self.path} ({e.strerror or e}); "
                             f"{disk_advice(e)}pick another --log_dir") from None
@@ -226,9 +226,29 @@ def step_line(step, max_steps, loss, lr, norm, dt, tokens, flops_per_token, peak
             + ("" if finite else " | SKIPPED (non-finite loss or grad norm)"))
 
 
-def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None):
-    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr; numbers: train/<name>)."""
-    scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
+# log.txt's kinds of build-nanogpt's lines, this program's evaluations and the lines that describe a run: no number of
+# batch_loss may take them
+OWN_KINDS = ("train", "skipped", "val", "hella", "core", *RUN_KINDS)
+
+
+def number_lines(numbers):
+    """log.txt's lines (`<name> <value>`) of the numbers batch_loss logs beside the loss ({name: value}); a name that is
+    not one word of ASCII letters, digits and _ (log.txt's lines are split at spaces), or is one of log.txt's own
+    kinds, is a ValueError naming it."""
+    for name in numbers:
+        if not (name.isascii() and name.isidentifier()) or name in OWN_KINDS:
+            raise ValueError(f"batch_loss logs a number named {name!r}: log.txt needs a name of ASCII letters, digits "
+                             f"and _ that is none of {', '.join(OWN_KINDS)}")
+    return [f"{name} {value:.6g}" for name, value in numbers.items()]
+
+
+def step_scalars(loss, lr, norm, dt, tokens, tokens_seen, flops_per_token, peak, other_rates=None, numbers=None,
+                 finite=True):
+    """A step's numbers for TensorBoard / W&B (other_rates as step_line's: train/<name>_lr; numbers: train/<name>).
+    A step skipped as non-finite (finite False) logs its loss as train/skipped_loss and train/skipped 1, as log.txt
+    says `<step> skipped <loss>`: train/loss holds the steps applied."""
+    loss = {"train/loss": loss} if finite else {"train/skipped_loss": loss, "train/skipped": 1}
+    scalars = {**loss, "train/lr": lr, "train/grad_norm": norm, "train/tokens_per_sec": tokens / dt,
                "train/batch_tokens": tokens, "train/tokens": tokens_seen,
                **{f"train/{name}_lr": rate for name, rate in (other_rates or {}).items()},
                **{f"train/{name}": value for name, value in (numbers or {}).items()}}

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
@@ -64,23 +65,97 @@ def peak_flops(device):
     return None
 
 
-def counted_flops_per_token(make_model, loss_of, seq_len):
-    """The FLOPs per token of a training step's matrix multiplications (torch.utils.flop_counter's count of mm,
-    bmm and attention), for MFU: loss_of(model, x, y)'s forward and backward over one sequence of seq_len tokens,
-    run on the meta device (shapes only: no memory, no arithmetic) by the model make_model() builds there. None
-    where that model cannot run on the meta device (an operation whose output shape depends on the values)."""
-    from torch.utils.flop_counter import FlopCounterMode
+# What a layer (an nn.Module of the model) whose cost depends on the values declares, for MFU and the memory estimate:
+# - active_fraction (an attribute): the share of its parameters, and of its matrix multiplications' FLOPs, that one
+#   token goes through: a mixture of experts' top-k of E experts declares k / E on its experts (a ModuleList does);
+# - extra_activation_bytes(a) (a method): the bytes per token it keeps for backward beyond what the memory estimate's
+#   formula counts for the model's config (nanogpt.arguments.peak_bytes_by_moment; mlp_kept_bytes is its count of one
+#   MLP), at a bytes an activation (2 under autocast, 4 in fp32).
+# A layer that cannot run on the meta device and declares no active_fraction is named by uncounted_layer.
 
+
+def declared_fractions(model):
+    """[(name, layer)] of model's layers that declare an active_fraction, the outermost of nested ones."""
+    found = []
+    for name, module in model.named_modules():
+        if hasattr(module, "active_fraction") and not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    return found
+
+
+def active_parameters(model):
+    """model's parameters, each counted at the active_fraction of the layer that declares one around it."""
+    fraction = {id(p): layer.active_fraction for _, layer in declared_fractions(model) for p in layer.parameters()}
+    return sum(p.numel() * fraction.get(id(p), 1) for p in model.parameters())
+
+
+def meta_step(make_model, loss_of, seq_len, counters=(None, None)):
+    """loss_of(model, x, y)'s forward and backward over one sequence of seq_len tokens, on the meta device (shapes
+    only: no memory, no arithmetic), by the model make_model() builds there, each under its counter (a
+    FlopCounterMode, or None). Returns (model, None, None), or where it cannot run (an operation whose output's shape
+    depends on the values, an assert on the device) (model, [the layers running when it failed, outermost first], the
+    error)."""
+    model, running = None, []
+
+    def leave(module, args, out):  # (a forward hook's return value would replace the output)
+        running.pop()
+    push = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: running.append(module))
+    pop = torch.nn.modules.module.register_module_forward_hook(leave)
     try:
         with torch.device("meta"):
             model = make_model()
             x = torch.zeros((1, seq_len), dtype=torch.long)
-            with FlopCounterMode(display=False) as counter:
+            with counters[0] or nullcontext():
                 loss, _ = loss_of(model, x, x)
+            with counters[1] or nullcontext():
                 loss.backward()
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+    except Exception as e:  # noqa: BLE001 (an assert on the device, a table keyed by it, a shape of the values)
+        return model, running or [model], e  # (none running: in backward, or in building it)
+    finally:
+        push.remove()
+        pop.remove()
+    return model, None, None
+
+
+def counted_flops_per_token(make_model, loss_of, seq_len, say=None):
+    """The FLOPs per token of a training step's matrix multiplications (torch.utils.flop_counter's count of mm,
+    bmm and attention), for MFU: meta_step's (loss_of's forward and backward on the meta device), each layer that
+    declares an active_fraction counted at that share of its own FLOPs: three times its forward's, a matrix
+    multiplication's backward being twice its forward (the counter's share of the backward by layer is not reliable:
+    experts that read one input share its gradient); a layer never called, as a ModuleList of experts: its layers'.
+    None where the model cannot run on the meta device (any failure: the formula stands in), said in one line by say
+    where given."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    model, failed, error = meta_step(make_model, loss_of, seq_len, (forward, backward))
+    if failed is not None:
+        if say:
+            say(f"note: MFU's FLOPs per token could not be counted on the meta device ({brief(error)}); MFU uses "
+                "the formula 6N + 12·L·H·Q·T")
         return None
-    return counter.get_total_flops() / seq_len
+    counts, root = forward.get_flop_counts(), type(model).__name__
+
+    def forward_flops(name, layer):
+        if f"{root}.{name}" in counts:
+            return sum(counts[f"{root}.{name}"].values())
+        return sum(forward_flops(f"{name}.{child}", inner) for child, inner in layer.named_children())
+    idle = sum((1 - layer.active_fraction) * 3 * forward_flops(name, layer)
+               for name, layer in declared_fractions(model))
+    return (forward.get_total_flops() + backward.get_total_flops() - idle) / seq_len
+
+
+def uncounted_layer(make_model, loss_of, seq_len):
+    """The layer whose cost MFU's FLOPs cannot know, as "name (class)": the innermost one running where the model
+    cannot run on the meta device (meta_step), when neither it, a layer around it nor one inside it declares an
+    active_fraction (the formula would count all of its parameters: every expert of a mixture); else None."""
+    _, failed, _ = meta_step(make_model, loss_of, seq_len)
+    if failed is None or failed[-1] is None:  # (None: make_model's own error, which building the model raises)
+        return None
+    if any(hasattr(layer, "active_fraction") for layer in [*failed, *failed[-1].modules()]):
+        return None
+    names = {id(layer): name for name, layer in failed[0].named_modules()}
+    return f"{names[id(failed[-1])] or 'the model'} ({type(failed[-1]).__name__})"
 
 
 def compile_by_default(device_type):
@@ -248,6 +323,26 @@ def peer_gone_message(reason, log_dir):
     resume = (f"`--resume` continues from {newest[0]}" if newest
               else "it wrote no checkpoint yet, so the run starts over")
     return f"another process of this run ended ({reason}), so this one stopped too; {resume}"
+
+
+PEERS_AWAITED_S = 10  # joining the process group takes a moment; waiting longer than this is said
+
+
+@contextmanager
+def waiting_for_peers_said(environ, after_s=PEERS_AWAITED_S):
+    """Around joining the process group, which waits (up to its timeout: 30 minutes for gloo, 10 for NCCL) until
+    every process of WORLD_SIZE has joined at MASTER_ADDR:MASTER_PORT: a process still waiting after after_s
+    seconds says on stderr what for (a process started by hand, or by a launcher, whose peers never came)."""
+    line = (f"rank {environ['RANK']} is waiting for the run's other processes ({environ['WORLD_SIZE']} in all, "
+            f"WORLD_SIZE) to join at {environ['MASTER_ADDR']}:{environ['MASTER_PORT']} (MASTER_ADDR:MASTER_PORT): "
+            "start them (torchrun starts them all: docs/scale.md), or stop this one with Ctrl-C")
+    timer = threading.Timer(after_s, lambda: print(line, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def speaks_for_its_machine(rank):

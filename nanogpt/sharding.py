@@ -79,7 +79,12 @@ def sync_gradients(model, last_micro_step):
 def clip_grad_norm(model, max_norm):
     """Clip the global gradient norm to max_norm (0: only measure it); the norm before clipping. Under
     --fsdp the norm is over every rank's shards."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    elif hasattr(torch.nn.utils, "get_total_norm"):  # (torch 2.6) the norm alone: no pass multiplying by 1
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 

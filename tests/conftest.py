@@ -15,9 +15,31 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+# Triton kernels (--loss_impl fused's, Liger-Kernel's) run on the CPU in Triton's interpreter, in this process and in
+# the scripts the tests start: the variable must be set before a kernel's module is imported (tests/test_fused_head.py)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import train_gpt2  # noqa: E402
 from nanogpt.shards import write_shard  # noqa: E402
+
+OPTIONAL = os.path.join(ROOT, ".optional")  # packages only some tests import (.ci/run installs torchao there)
+
+
+def optional_package(name):
+    """Whether the package name can be imported: installed, or in .optional/ (then put on the path: its tests'
+    processes, and the scripts they start with optional_path())."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None and os.path.isdir(os.path.join(OPTIONAL, name)):
+        sys.path.append(OPTIONAL)  # (last: torchao's wheel also holds a package named test)
+        importlib.invalidate_caches()
+    return importlib.util.find_spec(name) is not None
+
+
+def optional_path():
+    """PYTHONPATH for a script that may import an optional package: the project, and .optional/ when there."""
+    return os.pathsep.join([ROOT, *([OPTIONAL] if os.path.isdir(OPTIONAL) else [])])  # (a script of ours imports no test)
 
 
 def pytest_configure(config):
@@ -114,14 +136,16 @@ def step_norms(stdout):
     return {int(m.group(1)): float(m.group(3)) for m in STEP_RE.finditer(stdout)}
 
 
-def assert_same_norms(ref_stdout, stdout, steps):
+def assert_same_norms(ref_stdout, stdout, steps, parted=0.0):
     """The runs logged the same gradient norms at these steps, up to printing and float rounding.
     Losses and weights cannot tell a gradient summed over ranks from an averaged one (clipping caps
-    it, AdamW divides its scale out); its norm is 2x, and these norms are far above NORM_TOL."""
+    it, AdamW divides its scale out); its norm is 2x, and these norms are far above NORM_TOL. parted: where
+    the runs' weights differ by rounding before a step (sums in another order at earlier steps, which training
+    amplifies, Muon's orthogonalisation most), how far their norms may part then, relative to the norm."""
     ref, got = step_norms(ref_stdout), step_norms(stdout)
     assert steps and set(steps) <= ref.keys() and set(steps) <= got.keys(), (sorted(steps), sorted(ref), sorted(got))
     assert all(ref[s] > 100 * NORM_TOL for s in steps), ref
-    assert all(abs(ref[s] - got[s]) <= NORM_TOL for s in steps), ("norm", ref, got)
+    assert all(abs(ref[s] - got[s]) <= NORM_TOL + parted * ref[s] for s in steps), ("norm", ref, got)
 
 
 def run_script(args, cwd=ROOT, env=None, timeout=300):
@@ -284,7 +308,9 @@ def assert_two_processes_train_like_one(runs, capsys):
     a, b = read_log(one_dir)["train"], read_log(two_dir)["train"]
     assert a.keys() == b.keys() == set(range(4))
     assert all(abs(a[s] - b[s]) < 1e-4 for s in a), (a, b)
-    assert_same_norms(one_out, both.stdout, range(4))
+    assert_same_norms(one_out, both.stdout, range(1))  # the same weights: rounding alone
+    # later, weights parted by rounding (~1e-7 of each sum); a sum in place of a mean would be off by 2x
+    assert_same_norms(one_out, both.stdout, range(1, 4), parted=1e-3)
 
 
 def assert_refused_before_any_work(capsys, data, tmp_path, extra, *named, max_steps=1):

@@ -430,6 +430,23 @@ def break_bundle(how, bundle):
     if how == "empty continuation":
         replace_line(task_file(bundle, "lambada_like"), 1, json.dumps({"context": "x", "continuation": ""}))
         return file_line(task_file(bundle, "lambada_like"), 1) + "'continuation' is empty"
+    unscorable = {  # what cannot be scored: (task, line, the line, the error)
+        "one choice": ("arc_like", 2, {"query": "x", "choices": ["a"], "gold": 0}, "'choices' holds one option"),
+        "an empty choice": ("arc_like", 3, {"query": "x", "choices": ["a", ""], "gold": 0}, "choices[1] is empty"),
+        "every choice empty": ("copa_like", 1, {"query": "x", "choices": ["", " "], "gold": 1}, "choices[0] is empty"),
+        "an empty query": ("copa_like", 2, {"query": " ", "choices": ["a", "b"], "gold": 1}, "'query' is empty"),
+        "one context option": ("winograd_like", 1, {"context_options": ["a"], "continuation": "c", "gold": 0},
+                               "'context_options' holds one option"),
+        "an empty context option": ("winograd_like", 2, {"context_options": ["", "b"], "continuation": "c", "gold": 0},
+                                    "context_options[0] is empty"),
+        "an empty schema continuation": ("winograd_like", 3, {"context_options": ["a", "b"], "continuation": "",
+                                                              "gold": 0}, "'continuation' is empty"),
+        "an empty context": ("squad_like", 1, {"context": "", "continuation": "c"}, "'context' is empty"),
+    }
+    if how in unscorable:
+        task, line, example, error = unscorable[how]
+        replace_line(task_file(bundle, task), line, json.dumps(example))
+        return file_line(task_file(bundle, task), line) + re.escape(error)
     if how == "unknown task type":
         replace_line(yaml, 9, "  icl_task_type: generation_task_with_answers")
         return file_line(yaml, 6) + "task 'arc_like' has icl_task_type 'generation_task_with_answers'"
@@ -449,7 +466,9 @@ def break_bundle(how, bundle):
 
 
 BREAKS = ["no core.yaml", "task file missing", "bad JSON", "gold out of range", "gold not a number", "field missing",
-          "empty continuation", "unknown task type", "not YAML", "no baseline row", "baseline not a number"]
+          "empty continuation", "unknown task type", "not YAML", "no baseline row", "baseline not a number",
+          "one choice", "an empty choice", "every choice empty", "an empty query", "one context option",
+          "an empty context option", "an empty schema continuation", "an empty context"]
 
 
 @pytest.mark.parametrize("how", BREAKS)

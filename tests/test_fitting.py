@@ -69,6 +69,35 @@ def test_the_trial_holds_what_a_real_step_holds_and_changes_nothing(kind):
     assert not optimizer.state and all(p.grad is None for p in model.parameters())
 
 
+class CountingSGD(torch.optim.SGD):
+    """An optimizer that keeps a counter and a running sum in its groups and a state of its own per parameter, as
+    schedule-free AdamW and Adafactor-like optimizers do; its step changes them even at a rate of 0."""
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            group["k"] = group.get("k", 0) + 1
+            group["weight_sum"] = group.get("weight_sum", 0.0) + 0.5
+            for p in group["params"]:
+                self.state[p]["seen"] = self.state[p].get("seen", torch.zeros(())) + 1
+        return super().step(closure)
+
+
+def test_the_trial_puts_back_every_group_setting_and_all_optimizer_state():
+    """What the trial's optimizer step makes or changes, in the groups and in the state, is put back as it was:
+    a counter, a running sum, a state made by the step, and a state there before (a resumed optimizer's)."""
+    torch.manual_seed(0)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    optimizer = CountingSGD([{"params": [p for p in model.parameters() if p.dim() == 2], "k": 7},
+                             {"params": [p for p in model.parameters() if p.dim() < 2]}], lr=0.1, momentum=0.9)
+    kept = model.lm_head.weight
+    optimizer.state[kept]["seen"] = torch.tensor(3.0)
+    before = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    trial_step(model, optimizer, train_gpt2.batch_loss, batch_size=2, seq_len=8, device="cpu",
+               autocast=torch.autocast("cpu", enabled=False))
+    assert [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups] == before
+    assert list(optimizer.state) == [kept] and dict(optimizer.state[kept]) == {"seen": torch.tensor(3.0)}
+
+
 def test_auto_picks_the_largest_that_fits_and_trains_the_same_run(tmp_path, monkeypatch, capsys):
     data = make_shards(str(tmp_path / "data"))
     monkeypatch.setattr(train_gpt2.GPT, "forward", failing_above(2))
@@ -195,6 +224,30 @@ def test_fsdp_on_a_gpu_takes_the_largest_micro_batch_the_formula_fits_in_its_fre
         assert fits[0] and (b == 64 or not fits[1]), (gib, b, fits)
     assert pick(40, world_size=2) <= pick(40, world_size=8)
 
+@pytest.mark.slow
+def test_processes_that_see_different_memory_agree_on_the_smallest_micro_batch(tmp_path):
+    """torchrun, 2 gloo processes on a CPU: each picks the micro-batches to try from the memory it sees (one sees
+    plenty, the other too little for any); they agree on the smaller pick and train it together, as --fsdp's
+    formula pick must on GPUs whose free memory differs (ranks running different numbers of micro-steps hang)."""
+    from nanogpt import arguments
+
+    data = make_shards(str(tmp_path / "data"))
+    flags = [*tiny_run(data, tmp_path / "log", "auto"), "--max_steps", "2"]
+    args = train_gpt2.parse_args(flags)
+    config = train_gpt2.model_config(args)
+    with torch.device("meta"):
+        params = arguments.counted_parameters(train_gpt2.make_gpt(config))
+    # two processes of rank 1's machine: room for micro-batch 1 each, not 2 (the largest of a 2-process share is 4)
+    little = 2 * arguments.cpu_process_bytes(arguments.run_estimated_bytes(config, params, args, 1, "fp32", "cpu"))
+    assert 2 * arguments.cpu_process_bytes(arguments.run_estimated_bytes(config, params, args, 2, "fp32", "cpu")) > little
+    result = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         os.path.join(os.path.dirname(__file__), "torchrun_worker.py"), *flags],
+                        env={"AVAILABLE_BYTES": f"{2**40},{little}"}, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trained = sorted(line for line in result.stdout.splitlines() if "trains micro-batch" in line)
+    assert trained == ["rank 0 trains micro-batch 1", "rank 1 trains micro-batch 1"], result.stdout
+
+
 def test_the_batch_ramp_is_the_same_at_any_micro_batch(tmp_path, monkeypatch, capsys):
     """A --batch_size_warmup_tokens ramp is fixed in tokens when the run starts, in steps of the largest micro-batch
     it may take: --batch_size auto's pick (2 of the cap 8) and an out-of-memory retry at step 1 (8 -> 4) train the
@@ -284,6 +337,16 @@ def test_out_of_memory_in_the_optimizer_step_saves_only_untouched_weights(tmp_pa
             assert saved["loader"] == want["loader"] and saved["tokens"] == want["tokens"]
             a, b = saved["optimizer"]["state"], want["optimizer"]["state"]  # (the groups' lr: each step sets its own)
             assert a.keys() == b.keys() and all(torch.equal(a[i][k], b[i][k]) for i in b for k in b[i])
+
+
+def test_out_of_memory_in_muons_step_offers_no_sharding(tmp_path, monkeypatch, capsys):
+    """Under --optimizer muon, which --zero 1 and --fsdp refuse, the line names a smaller --model only."""
+    data = make_shards(str(tmp_path / "data"))
+    monkeypatch.setattr(torch.optim.AdamW, "step", failing_optimizer_step(2, False))  # (Muon steps AdamW beside it)
+    code, _, err = script_cli(capsys, train_gpt2.main, *tiny_run(data, tmp_path / "log", 4), "--optimizer", "muon")
+    assert_cli_error((code, _, err), "out of memory in the optimizer's step at step 1", "cannot be sharded",
+                     "pick a smaller --model")
+    assert "--zero 1 or --fsdp (torchrun)" not in err
 
 
 def failing_save(calls):

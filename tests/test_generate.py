@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +21,8 @@ import generate_tokens
 from conftest import ROOT, assert_one_line_error, run_script, peaked_tiny_gpt
 from nanogpt.cli import UserError
 from nanogpt.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, get_tokenizer
-from train_gpt2 import GPT, KVCache, sample_next_token
+from nanogpt.sampling import sample_next_token
+from train_gpt2 import GPT, KVCache
 
 
 # -----------------------------------------------------------------------------
@@ -481,7 +483,8 @@ def test_cli_init_from_hf_dir_greedy_matches_hf(hf_dir, capsys):
     assert out == "--- sample 1/1 ---\n" + enc.decode(ids[0].tolist()) + "\n"
 
 
-def test_export_hf_round_trip(ckpt, ckpt_model, tmp_path, capsys):
+def test_export_hf_round_trip(ckpt, ckpt_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # everything below reads the folder, nothing from the hub
     out_dir = str(tmp_path / "exported")
     cli_main(["--checkpoint", ckpt, "--export_hf", out_dir], capsys)
     ids = torch.randint(0, GPT2_VOCAB_SIZE, (2, 50), generator=torch.Generator().manual_seed(1))
@@ -500,6 +503,16 @@ def test_export_hf_round_trip(ckpt, ckpt_model, tmp_path, capsys):
     text = "Hello, I'm a language model,<|endoftext|> naïve   spacing\n\n"
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     assert tokenizer(text).input_ids == get_tokenizer().encode(text, allowed_special="all")
+    # and a tokenizer that reads vocab.json and merges.txt alone (transformers 4's slow GPT2Tokenizer; transformers 5
+    # builds its GPT2Tokenizer from them where a folder has no tokenizer.json) loads the folder offline, the same ids
+    from transformers import GPT2Tokenizer
+
+    bare = tmp_path / "vocab_and_merges"
+    bare.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copyfile(os.path.join(out_dir, name), bare / name)
+    for folder in (out_dir, str(bare)):
+        assert GPT2Tokenizer.from_pretrained(folder)(text).input_ids == get_tokenizer().encode(text, allowed_special="all")
     # its longest input is the model's context, so truncation cuts text to what the model takes
     with open(os.path.join(out_dir, "config.json")) as f:
         n_positions = json.load(f)["n_positions"]

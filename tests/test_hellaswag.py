@@ -279,16 +279,30 @@ def test_training_loop_logs_hellaswag(tmp_path, data):
 
 
 @pytest.mark.parametrize("style", ["nanogpt", "harness"])
-def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
-    """A literal "<|endoftext|>" in a context or an ending is text, as fineweb.py tokenizes training text:
-    no special token, the tokens decode back to the text (tiktoken's encode refuses it: hellaswag.py and the
-    training loop's evaluation died on it)."""
+def test_endoftext_in_the_text_is_scored_as_each_style_reads_it(tmp_path, hf_dir, style):
+    """A literal "<|endoftext|>" in a context or an ending: --style nanogpt reads it as text, as fineweb.py
+    tokenizes training text (no special token, the tokens decode back to the text; tiktoken's encode refuses it:
+    hellaswag.py and the training loop's evaluation died on it); --style harness as lm-evaluation-harness does,
+    through transformers' GPT-2 tokenizer (the slow one, from the same BPE files): the special token, each pair of
+    context and continuation encoded as the harness encodes it."""
     enc = get_tokenizer()
     example = {"ctx": "He said <|endoftext|> and", "ctx_a": "He said <|endoftext|>", "ctx_b": "and",
                "activity_label": "Talking", "endings": ["left.", "<|endoftext|> stayed.", "ran.", "sat."], "label": 1}
     ctx, endings, _ = hellaswag_eval.render(example, enc, style)
-    assert EOT_TOKEN not in ctx and all(EOT_TOKEN not in e for e in endings)
-    assert "<|endoftext|>" in enc.decode(ctx) and enc.decode(endings[1]).strip() == "<|endoftext|> stayed."
+    if style == "nanogpt":
+        assert EOT_TOKEN not in ctx and all(EOT_TOKEN not in e for e in endings)
+        assert "<|endoftext|>" in enc.decode(ctx) and enc.decode(endings[1]).strip() == "<|endoftext|> stayed."
+    else:
+        from transformers import GPT2Tokenizer
+
+        from nanogpt.tokenizer import gpt2_bpe_files
+
+        hf = GPT2Tokenizer(*gpt2_bpe_files())
+        query = "Talking: He said <|endoftext|> And"  # the harness's context: activity_label: ctx_a ctx_b.capitalize()
+        want_ctx = hf.encode(query)
+        assert ctx == want_ctx and EOT_TOKEN in ctx
+        assert endings == [hf.encode(f"{query} {e}")[len(want_ctx):] for e in example["endings"]]
+        assert EOT_TOKEN in endings[1]
     data = tmp_path / "hs.jsonl"
     data.write_text(json.dumps(example) + "\n")
     assert hellaswag.main(["--init_from", hf_dir, "--data", str(data), "--device", "cpu", "--style", style])["total"] == 1
@@ -301,6 +315,11 @@ def test_endoftext_in_the_text_is_scored_as_text(tmp_path, hf_dir, style):
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 4}', "'label' must be 0, 1, 2 or 3"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"]}', "'label'"),
     ('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}', "'label' must be"),  # a digit int() refuses
+    # what cannot be scored: an ending with no text (a loss over no tokens, 0, would win), no context
+    ('{"ctx": "x", "endings": ["a", "", "c", "d"], "label": 0}', "ending 2 is empty"),
+    ('{"ctx": "x", "endings": ["a", "b", "c", " "], "label": 0}', "ending 4 is empty"),
+    ('{"ctx": "x", "endings": ["", "", "", ""], "label": 0}', "ending 1 is empty"),
+    ('{"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}', "'ctx' is empty"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, line, needle):
     path = str(tmp_path / "bad.jsonl")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from conftest import ROOT, run_script
 from nanogpt.loss_head import chunked_cross_entropy, default_loss_chunk_size
-from train_gpt2 import GPT, GPTConfig
+from train_gpt2 import GPT, GPTConfig, make_gpt
 
 U32 = 2.0**-24  # unit roundoff of fp32
 U_BF16 = 2.0**-8
@@ -331,7 +331,7 @@ def test_gpt_logits_without_targets_and_eval_loss(dtype):
         x, w = seen[0].view(-1, 32), model.lm_head.weight.detach()
         exact, bound = rounding_error_bounds(x, w, targets.view(-1))
         assert abs(loss_p.double() - exact[0]) <= bound[0] and abs(loss_c.double() - exact[0]) <= bound[0]
-    model.loss_impl = "fused"
+    model.loss_impl = "unknown"
     with pytest.raises(ValueError, match="loss_impl"):
         model(idx, targets)
 
@@ -421,3 +421,58 @@ def test_cuda_compiled_gpt_chunked_vs_plain_bf16():
     assert abs(out["chunked"][0] - out["plain"][0]) < 2e-2  # bf16 logits: ~3 significant digits
     for name, g in out["plain"][1].items():
         assert (out["chunked"][1][name] - g).norm() <= 2e-2 * g.norm() + 1e-6, name
+
+
+def z_loss_and_weights(lse, target_logit, targets):
+    """Two terms of a row, as a researcher writes them once: the cross-entropy weighted by the target's id (odd ids
+    count double), and PaLM's z-loss."""
+    weight = 1.0 + (targets % 2)
+    return {"loss": weight * (lse - target_logit), "z_loss": 1e-2 * lse.square()}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "speedrun"])  # (the speedrun's: a softcap and a masked padding)
+def test_terms_written_once_hold_for_the_plain_and_the_chunked_head(arch):
+    """row_losses' terms, of each row's log-sum-exp and target logit: the plain head (autograd through them) and the
+    chunked one (their derivatives folded into its gradient) give the same loss, terms and gradients (float64: to
+    rounding), and the plain head's equal the same terms computed here from the logits by F.cross_entropy."""
+    torch.manual_seed(0)
+    model = make_gpt(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, n_embd=16, arch=arch)).double()
+    x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(2))
+    y[0, :4] = -1
+    results = {}
+    for impl in ("plain", "chunked"):
+        model.loss_impl, model.loss_chunk_size = impl, 8
+        model.zero_grad(set_to_none=True)
+        _, loss, terms = model(x, y, row_losses=z_loss_and_weights)
+        loss.backward()
+        results[impl] = loss.item(), {k: v.item() for k, v in terms.items()}, [p.grad.clone() for p in model.parameters()]
+    (plain, plain_terms, plain_grads), (chunked, chunked_terms, chunked_grads) = results["plain"], results["chunked"]
+    assert abs(plain - chunked) <= 1e-12 * plain
+    assert plain_terms.keys() == chunked_terms.keys() == {"loss", "z_loss"}
+    assert all(abs(plain_terms[k] - chunked_terms[k]) <= 1e-12 * abs(plain_terms[k]) for k in plain_terms)
+    assert abs(sum(plain_terms.values()) - plain) <= 1e-12 * plain
+    largest = max(g.abs().max().item() for g in plain_grads)
+    for a, b in zip(plain_grads, chunked_grads):
+        assert (a - b).abs().max().item() <= 1e-10 * b.abs().max().item() + 1e-12 * largest
+    with torch.no_grad():  # the reference: the same terms from the logits
+        model.loss_impl = "plain"
+        logits = model(x)[0].flatten(0, 1)
+        valid = y.flatten() != -1
+        rows = F.cross_entropy(logits, y.flatten(), ignore_index=-1, reduction="none")[valid]
+        weight = 1.0 + (y.flatten()[valid] % 2)
+        z = 1e-2 * torch.logsumexp(logits, -1)[valid].square()
+    assert abs((weight * rows).mean().item() - plain_terms["loss"]) <= 1e-12 * plain_terms["loss"]
+    assert abs(z.mean().item() - plain_terms["z_loss"]) <= 1e-12 * plain_terms["z_loss"]
+
+
+def test_the_cross_entropy_as_a_term_is_the_heads_own_loss():
+    """cross_entropy_rows, the terms of the plain objective, through either head: the head's loss without terms."""
+    from nanogpt.loss_head import cross_entropy_rows
+
+    x, w, t = make_inputs(40, 16, 96, dtype=torch.float64)
+    for fn in (lambda x, w, t: chunked_cross_entropy(x, w, t, 16, row_losses=cross_entropy_rows)[0],
+               lambda x, w, t: __import__("nanogpt.loss_head").loss_head.logits_loss(x @ w.T, t, cross_entropy_rows)[0]):
+        ours, theirs = loss_and_grads(fn, x, w, t), loss_and_grads(reference, x, w, t)
+        assert abs(ours[0].item() - theirs[0].item()) <= 1e-12 * theirs[0].item()
+        assert all((a - b).abs().max().item() <= 1e-12 * b.abs().max().item() for a, b in zip(ours[1:], theirs[1:]))

@@ -97,8 +97,9 @@ def test_the_estimate_follows_each_model_option_where_the_blocks_dominate(memory
 
 
 def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_table, monkeypatch):
-    """With memory between the measured peaks of micro-batches 2 and 4 (CPU, fp32: what the refusal sees),
-    check_memory lets the run of 2 start and refuses the run of 4."""
+    """With memory between the measured peaks of micro-batches 2 and 4 (CPU, fp32: what the refusal sees), and the
+    process's margin beside them (CPU_PROCESS_MARGIN: what it holds beyond its tensors once it trains, which the test
+    under a real cgroup below checks), check_memory lets the run of 2 start and refuses the run of 4."""
     import train_gpt2
 
     peaks = {}
@@ -107,7 +108,8 @@ def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_
         peaks[batch_size] = memory_table.measure(argv)["allocated"]
         assert within_tolerance(memory_table.formula(*memory_table.model_and_flags(argv)), peaks[batch_size])
     assert peaks[2] < peaks[4]
-    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: (peaks[2] + peaks[4]) // 2)
+    monkeypatch.setattr(arguments, "available_memory_bytes",
+                        lambda: (peaks[2] + peaks[4]) // 2 + arguments.CPU_PROCESS_MARGIN)
     for batch_size in (2, 4):
         args = train_gpt2.parse_args(f"--recipe gpt2 {SHAPE} --batch_size {batch_size}".split())
         config = train_gpt2.model_config(args)
@@ -118,6 +120,22 @@ def test_a_run_that_fits_is_let_through_and_one_that_does_not_is_refused(memory_
                 arguments.check_memory(config, params, args, "fp32", "cpu", 1)
         else:
             arguments.check_memory(config, params, args, "fp32", "cpu", 1)
+
+
+@pytest.mark.parametrize("model, fix", [("d12", "or use --model tiny"),
+                                        ("tiny", "or use a smaller --n_layer/--n_embd")])
+def test_the_refusal_offers_a_smaller_model_than_the_runs(model, fix, monkeypatch):
+    """--model tiny is offered to a run that does not have it; a tiny run is told to shrink its shape."""
+    import train_gpt2
+
+    args = train_gpt2.parse_args(["--model", model, "--device", "cpu"])
+    config = train_gpt2.model_config(args)
+    with torch.device("meta"):
+        params = arguments.counted_parameters(train_gpt2.make_gpt(config))
+    monkeypatch.setattr(arguments, "available_memory_bytes", lambda: 4 * params.total)  # the weights, no more
+    with pytest.raises(UserError, match="needs at least") as refusal:
+        arguments.check_memory(config, params, args, "fp32", "cpu", 1)
+    assert str(refusal.value).endswith(fix), str(refusal.value)
 
 
 def fake_machine(tmp, cgroup_lines, files, mem_available_kb=64 * 2**20):
@@ -155,3 +173,71 @@ def test_available_memory_is_the_smaller_of_the_machine_and_its_cgroup(tmp_path,
     assert arguments.available_memory_bytes(proc, root) == (room or 64 * GIB)
     proc, root = fake_machine(tmp_path / "small", cgroup_lines, files, mem_available_kb=2**20)  # 1 GiB available
     assert arguments.available_memory_bytes(proc, root) == min(room or GIB, GIB)
+
+
+def child_memory_cgroup(name):
+    """A new memory cgroup under this process's own (v1 or v2), where the machine lets this process make one and set
+    its limit (root, a writable hierarchy): (its folder, the file of its limit); else the test is skipped."""
+    import os
+
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        pytest.skip("no /proc/self/cgroup")
+    places = [(os.path.join("/sys/fs/cgroup/memory", path.lstrip("/")), "memory.limit_in_bytes")
+              for _, controllers, path in lines if "memory" in controllers.split(",")]
+    places += [(os.path.join("/sys/fs/cgroup", path.lstrip("/")), "memory.max")
+               for _, controllers, path in lines if controllers == ""]
+    for parent, limit_file in places:
+        folder = os.path.join(parent, name)
+        try:
+            os.mkdir(folder)
+        except OSError:
+            continue
+        if os.path.exists(os.path.join(folder, limit_file)):
+            return folder, limit_file
+        os.rmdir(folder)
+    pytest.skip("cannot make a memory cgroup here (not root, or no writable cgroup hierarchy with memory)")
+
+
+@pytest.mark.slow
+def test_a_cpu_run_under_a_container_limit_is_refused_in_one_line_or_finishes_never_killed(tmp_path):
+    """Under a real memory cgroup's limit (docker --memory, Kubernetes, Slurm: the kernel kills a process that passes
+    it, with no word), a CPU run of --model tiny either finishes or is refused in one line before any work: at
+    limits from well below its resident peak to well above it, never killed. The run's own processes only: a cgroup
+    made for the test under this process's, removed after."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    folder, limit_file = child_memory_cgroup(f"nanogpt-test-{os.getpid()}")
+    argv = [sys.executable, os.path.join(ROOT, "train_gpt2.py"), "--model", "tiny", "--batch_size", "2",
+            "--seq_len", "64", "--total_batch_size", "128", "--max_steps", "2", "--eval_every", "0",
+            "--device", "cpu", "--dtype", "fp32", "--no_compile"]
+    outcomes = {}
+    try:
+        for limit_mb in (440, 500, 650, 900, 1200):
+            with open(os.path.join(folder, limit_file), "w") as f:
+                f.write(str(limit_mb * 2**20))
+
+            def enter_cgroup():
+                with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+
+            result = subprocess.run([*argv, "--log_dir", str(tmp_path / f"log{limit_mb}")], cwd=ROOT,
+                                    env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), capture_output=True,
+                                    text=True, timeout=600, preexec_fn=enter_cgroup)
+            lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+            if result.returncode == 2 and len(lines) == 1 and "this run needs at least" in lines[0]:
+                outcomes[limit_mb] = "refused"
+            elif result.returncode == 0:
+                outcomes[limit_mb] = "finished"
+            else:
+                outcomes[limit_mb] = f"exit {result.returncode}: {result.stderr[-300:]!r}"
+    finally:
+        os.rmdir(folder)
+    assert set(outcomes.values()) == {"refused", "finished"}, outcomes
+    assert list(outcomes.values()) == sorted(outcomes.values(), reverse=True), outcomes  # refused below, then finishes

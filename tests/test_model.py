@@ -152,12 +152,25 @@ def test_a_new_layer_counts_in_the_flops_and_a_model_the_meta_device_cannot_run_
             x = super().trunk(idx, start, kv_cache)
             return x + x[x > 0].sum()
 
+    class DeviceChecking(GPT):  # an ordinary model that asserts where it runs
+        def trunk(self, idx, start, kv_cache):
+            assert idx.device.type in ("cpu", "cuda", "mps"), idx.device
+            return super().trunk(idx, start, kv_cache)
+
+    class DeviceTable(GPT):  # or looks a setting up by its device
+        def trunk(self, idx, start, kv_cache):
+            return super().trunk(idx, start, kv_cache) * {"cpu": 1.0, "cuda": 1.0}[idx.device.type]
+
     with torch.device("meta"):
-        plain, wider, dependent = GPT(GPTConfig(**shape)), Wider(GPTConfig(**shape)), ValueDependent(GPTConfig(**shape))
+        plain, wider = GPT(GPTConfig(**shape)), Wider(GPTConfig(**shape))
+        others = [cls(GPTConfig(**shape)) for cls in (ValueDependent, DeviceChecking, DeviceTable)]
     assert wider.flops_per_token() - plain.flops_per_token() == 6 * C * C
     hf = hf_twin(shape)
     n = sum(p.numel() for p in hf.parameters()) - hf.transformer.wpe.weight.numel()
-    assert dependent.flops_per_token() == 6 * n + 12 * shape["n_layer"] * C * shape["block_size"]
+    for model, error in zip(others, ("", "AssertionError", "KeyError")):
+        said = []
+        assert model.flops_per_token(say=said.append) == 6 * n + 12 * shape["n_layer"] * C * shape["block_size"]
+        assert len(said) == 1 and "MFU uses the formula" in said[0] and error in said[0], said
 
 
 def test_unknown_model_name_is_a_user_error():

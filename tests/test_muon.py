@@ -217,6 +217,73 @@ def test_a_non_finite_step_is_skipped_by_muon_and_adamw_together(fused):
                for a, b in zip(buffers(optimizer.matrices, params), buffers(reference.matrices, plain)))
 
 
+def test_a_step_skipped_on_the_device_moves_nothing_of_the_momentum_warm_up(tmp_path):
+    """Muon's momentum warm-up counts the steps taken: a step skipped on the device (found_inf, fused AdamW beside)
+    leaves the count, the momentum and the saved state as a run that never took it has them, bit for bit, without
+    the host reading the verdict; the steps after it climb from there. The reference decides on the host and calls no
+    step at all for the bad one."""
+    params, bias = matrices(), torch.nn.Parameter(torch.ones(16))
+    plain, plain_bias = twin(params), torch.nn.Parameter(torch.ones(16))
+    settings = OptimizerSettings("muon", 1e-3, flags={"muon_lr": LR, "muon_momentum_warmup": 5})
+    optimizer = matrices_with_adamw(params, adamw_beside([bias], fused=True), settings)
+    reference = matrices_with_adamw(plain, adamw_beside([plain_bias], fused=True), settings)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step, bad in ((0, False), (1, False), (2, True), (3, True), (4, False), (5, False)):
+        set_gradients([params, plain], step, bad=bad)
+        bias.grad = plain_bias.grad = torch.full((16,), float("nan") if bad else 0.5)
+        loss = torch.tensor(float("nan") if bad else 1.0)
+        with CountedOps() as counted:
+            step_if_finite(optimizer, scaler, loss, torch.tensor(1.0))
+        assert not HOST_READS & set(counted.ops), counted.ops
+        if not bad:
+            reference.step()
+        assert int(optimizer.steps) == reference.steps
+    assert all(torch.equal(p, q) for p, q in zip([*params, bias], [*plain, plain_bias]))
+    assert all(torch.equal(a, b)
+               for a, b in zip(buffers(optimizer.matrices, params), buffers(reference.matrices, plain)))
+    ours, theirs = optimizer.state_dict(), reference.state_dict()
+    assert ours["steps"] == theirs["steps"] == 4
+    assert ours["muon"]["param_groups"] == theirs["muon"]["param_groups"]  # the momentum: a number, the same
+    torch.save(ours, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True)["muon"]["param_groups"][0]["momentum"] == \
+        theirs["muon"]["param_groups"][0]["momentum"]
+
+
+def test_fp16s_scaler_skips_a_non_finite_loss_and_the_next_step_runs():
+    """fp16 (the loss scaler on): a non-finite loss skips the step, lowers the scale as an overflow does, and ends
+    the scaler's step, so the next step unscales and steps as a run that never had the bad one (at the lowered
+    scale) does, bit for bit. Both a NaN loss with NaN gradients and an inf loss whose gradients are finite."""
+    def run(losses, scale):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=1000)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+        weights = []
+        for kind in losses:
+            loss = model(x).square().mean()
+            if kind == "nan":
+                loss = loss * float("nan")
+            elif kind == "inf":  # a loss that overflowed on its own, its gradients finite
+                loss = loss + (torch.tensor(float("inf")) - loss.detach())
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            finite = step_if_finite(optimizer, scaler, loss.detach(), torch.tensor(1.0))
+            assert bool(finite) == (kind == "ok")
+            optimizer.zero_grad(set_to_none=True)
+            weights.append([p.detach().clone() for p in model.parameters()])
+        return weights, scaler.get_scale()
+
+    for bad in ("nan", "inf"):
+        weights, scale = run(["ok", bad, "ok", "ok"], 2.0 ** 10)
+        assert scale == 2.0 ** 9  # lowered once, by the backoff factor
+        assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1]))  # the bad step moved nothing
+        reference, _ = run(["ok", "ok", "ok"], 2.0 ** 10)
+        assert all(torch.equal(a, b) for a, b in zip(weights[0], reference[0]))
+        # (the scale is a power of two: unscaled gradients are exact, so the lowered scale changes no number)
+        assert all(torch.equal(a, b) for a, b in zip(weights[3], reference[2]))
+
+
 def ops_of_a_step(optimizer_class, n_same_shape):
     """aten ops of a second step (the momentum buffers exist) over n_same_shape (24, 16) matrices and three others."""
     params = matrices([(24, 16)] * n_same_shape + [(16, 16), (48, 16), (16, 40)])

@@ -97,6 +97,14 @@ def test_malformed_line_names_it(tmp_path, line):
         plot_log.parse_log(path)
 
 
+@pytest.mark.parametrize("partial", ["2 va", "2 val 3.", "2"])
+def test_a_last_line_still_being_written_is_left_out(tmp_path, partial):
+    """A run appends `<step> <kind> <value>\n` as it goes: a log read mid-write may end in part of a line (no
+    newline yet), which is neither refused nor read as a number it is not."""
+    series = plot_log.parse_log(write(tmp_path / "log.txt", "0 train 11.0\n1 train 10.5\n" + partial))
+    assert series == {"train": ([0, 1], [11.0, 10.5])}
+
+
 def test_cli_errors_are_one_line(tmp_path):
     path = write(tmp_path / "log.txt", "0 train 11.0\n1 train oops\n")
     assert_one_line_error(run_script(["plot_log.py", path]), f"{path}:2")

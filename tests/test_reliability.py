@@ -295,16 +295,61 @@ def test_non_finite_step_is_skipped(shards, tmp_path, monkeypatch):
     assert max_weight_diff(w2, w3) > 0 and all(torch.isfinite(v).all() for v in w3.values())
 
 
+def test_a_skipped_step_is_said_so_in_tensorboard(shards, tmp_path, monkeypatch):
+    """TensorBoard has the skipped step as log.txt has it: train/skipped 1 and its loss apart (train/skipped_loss),
+    train/loss holding the steps applied (not a NaN with nothing beside it)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    poison_forward(monkeypatch, bad_calls={4})  # step 2's first micro-step
+    board = str(tmp_path / "tb")
+    train(shards, str(tmp_path / "log"), "--max_steps", "4", "--eval_every", "0", "--tensorboard", board,
+          "--tensorboard_run", "run")
+    events = EventAccumulator(os.path.join(board, "run"))
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    assert sorted(scalars["train/loss"]) == [0, 1, 3] and all(map(np.isfinite, scalars["train/loss"].values()))
+    assert scalars["train/skipped"] == {2: 1.0} and list(scalars["train/skipped_loss"]) == [2]
+
+
 def test_too_many_bad_steps_stop_and_name_the_last_good_checkpoint(shards, tmp_path, monkeypatch):
     log_dir = str(tmp_path / "log")
     poison_forward(monkeypatch, bad_calls=set(range(4, 1000)))
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with pytest.raises(train_gpt2.UserError, match=r"3 non-finite steps in a row .*model_00003\.pt"):
+    with pytest.raises(train_gpt2.UserError, match=r"3 non-finite steps in a row .*model_00004\.pt"):
         train(shards, log_dir, "--max_steps", "20", "--eval_every", "0", "--save_every", "2", "--max_bad_steps", "3")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # Ctrl-C works again
-    # the checkpoint written during the skipped steps holds the weights of the last good update
-    w1, w3 = (load_weights(os.path.join(log_dir, f"model_0000{s}.pt")) for s in (1, 3))
-    assert max_weight_diff(w1, w3) == 0
+    # the checkpoints written during the skipped steps and at the stop hold the weights of the last good update
+    w1, w3, w4 = (load_weights(os.path.join(log_dir, f"model_0000{s}.pt")) for s in (1, 3, 4))
+    assert max_weight_diff(w1, w3) == 0 and max_weight_diff(w1, w4) == 0
+
+
+def test_too_many_bad_steps_save_the_last_good_state_before_stopping(shards, tmp_path, monkeypatch):
+    """No --save_every checkpoint in reach: the stop saves the state after the last good update (the skipped steps
+    changed nothing), which a resume continues from; compared with a run of the good steps alone."""
+    good, log_dir = str(tmp_path / "good"), str(tmp_path / "log")
+    train(shards, good, "--max_steps", "2", "--eval_every", "0")
+    poison_forward(monkeypatch, bad_calls=set(range(4, 1000)))  # 2 micro-steps a step: step 2 on
+    with pytest.raises(train_gpt2.UserError, match=r"^1 non-finite step in a row at step 2; .*saved .*model_00002\.pt"):
+        train(shards, log_dir, "--max_steps", "20", "--eval_every", "0", "--save_every", "0", "--max_bad_steps", "1")
+    assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00002.pt"]
+    assert max_weight_diff(load_weights(os.path.join(good, "model_00001.pt")),
+                           load_weights(os.path.join(log_dir, "model_00002.pt"))) == 0
+    monkeypatch.undo()
+    train_gpt2.main(["--log_dir", log_dir, "--resume", "--max_steps", "4"])
+    assert sorted(read_log(log_dir)["train"]) == [0, 1, 3]
+
+
+def test_a_stop_for_non_finite_steps_under_torchrun_is_said_once(tmp_path):
+    """Every rank stops at the same step (they agree on the loss and the norm): one line says why, not one a rank.
+    A rate of 1000 makes the loss non-finite within a few steps."""
+    data = make_shards(str(tmp_path / "data"))
+    result = torchrun(2, *TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "30",
+                      "--eval_every", "0", "--warmup_steps", "0", "--max_lr", "1000", "--max_bad_steps", "2",
+                      "--total_batch_size", "256")
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and ("non-finite step" in said[0] or "NaN or inf" in said[0]), result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 0.0])
@@ -336,14 +381,17 @@ def break_a_weight_at_step_2(monkeypatch, breaks):
     monkeypatch.setattr(torch.optim.AdamW, "step", breaking_step)
 
 
-def test_an_update_that_breaks_the_weights_stops_the_run(shards, tmp_path, monkeypatch):
+@pytest.mark.parametrize("optimizer, rates", [("adamw", "--max_lr$"), ("muon", "--muon_lr or --max_lr$")])
+def test_an_update_that_breaks_the_weights_stops_the_run(optimizer, rates, shards, tmp_path, monkeypatch):
     # a finite loss and gradient, then an optimizer step that leaves an inf in a weight: the run stops at the next
-    # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it
+    # step (its loss is not finite) or the next checkpoint, whichever comes first, and saves nothing after it; the
+    # message names the run's rates (Muon's matrices train at --muon_lr)
     log_dir = str(tmp_path / "log")
     break_a_weight_at_step_2(monkeypatch, lambda adamw: adamw.param_groups[0]["params"][-1].view(-1)[0].fill_(
         float("inf")))
-    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt"):
-        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2")
+    with pytest.raises(train_gpt2.UserError, match=r"the weights hold NaN or inf after step 3: .*model_00001\.pt; "
+                                                   rf"lower {rates}"):
+        train(shards, log_dir, "--max_steps", "6", "--eval_every", "0", "--save_every", "2", "--optimizer", optimizer)
     assert sorted(os.listdir(log_dir)) == ["log.txt", "model_00001.pt"]
 
 

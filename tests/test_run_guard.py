@@ -487,3 +487,37 @@ def test_a_process_held_up_when_a_stop_signal_comes_is_waited_for_and_the_run_ch
     step = int(stopped[0].split()[5].rstrip(";"))
     assert find_checkpoints(log_dir) == [os.path.join(log_dir, f"model_{step:05d}.pt")]
     assert sorted(read_log(log_dir)["train"])[-1] == step
+
+
+def test_a_rank_waiting_for_peers_that_do_not_come_says_what_it_waits_for(tmp_path):
+    """Rank 0 of a 2-process job started alone (by hand, or by a launcher whose other process never came) waits in
+    the process group's join: after PEERS_AWAITED_S it says so on stderr, naming WORLD_SIZE and MASTER_ADDR:PORT;
+    once rank 1 comes, the job runs as any other."""
+    import select
+
+    from conftest import make_shards
+    from nanogpt.runtime import PEERS_AWAITED_S
+
+    data = make_shards(str(tmp_path / "data"))
+    argv = [*TINY_FLAGS, "--data_dir", data, "--log_dir", str(tmp_path / "log"), "--max_steps", "1"]
+    port = str(free_port())
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+               WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, "train_gpt2.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(env, RANK="0", LOCAL_RANK="0"))]
+    try:
+        said, deadline = "", PEERS_AWAITED_S + LIMIT_S
+        while "is waiting for" not in said:
+            ready, _, _ = select.select([ranks[0].stderr], [], [], deadline)
+            assert ready and ranks[0].poll() is None, said
+            said += ranks[0].stderr.readline()
+        assert f"2 in all, WORLD_SIZE) to join at 127.0.0.1:{port}" in said and "rank 0" in said, said
+        ranks.append(subprocess.Popen([sys.executable, "train_gpt2.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=dict(env, RANK="1", LOCAL_RANK="1")))
+        assert [p.wait(timeout=LIMIT_S) for p in ranks] == [0, 0], [p.stderr.read() for p in ranks]
+        assert sorted(read_log(str(tmp_path / "log"))["train"]) == [0]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

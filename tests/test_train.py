@@ -251,3 +251,31 @@ def test_a_cpu_runs_summary_gives_its_peak_resident_memory(shards, tmp_path, cap
     summary = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
     got = float(re.search(r"\| peak memory ([\d.]+) GiB \(resident\) \|", summary).group(1))
     assert before - 0.005 <= got <= after + 0.005, (before, got, after)
+
+
+def test_grad_clip_0_measures_the_norm_and_touches_no_gradient():
+    """--grad_clip 0: the norm of all gradients (against one computed here in float64), and no pass over the
+    gradients multiplying them by 1 (no multiplication at all); with a clip, the gradients are scaled."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    model(torch.randn(5, 8)).square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    reference = torch.cat([g.flatten().double() for g in grads]).norm().item()
+    for max_norm in (0, 0.5):
+        with Ops() as ops:
+            norm = train_gpt2.clip_grad_norm(model, max_norm)
+        assert abs(norm.item() - reference) <= 1e-6 * reference
+        multiplied = [name for name in ops.names if "mul" in name]
+        assert bool(multiplied) == (max_norm > 0), ops.names
+    assert not any(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))  # 0.5 clipped them
