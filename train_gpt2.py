@@ -570,7 +570,6 @@ class DataLoaderLite:
                             f"(or fineweb.py --input FILE... --output_dir {data_dir}) to make them")
         need = B * T * world_size + 1
         sizes = {path: len(read_shard(path)) for path in found}  # reads headers only; a broken shard fails here
-        self.split_tokens = sum(sizes.values())
         self.shards = [path for path in found if sizes[path] >= need]
         # the tokens one epoch reads: whole strides of each shard (its last partial stride is passed over)
         self.total_tokens = sum((sizes[path] - 1) // (need - 1) * (need - 1) for path in self.shards)
@@ -1008,8 +1007,7 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
                          val_rows),
               ckpt=ckpt, ckpt_path=ckpt_path, fixed={"ramp": ramp, "val_rows": val_rows},
               start_step=start_step, model=raw_model, optimizer=optimizer, scaler=scaler, loader=train_loader,
-              zero=zero, fsdp=fsdp, lr_schedule=lr_schedule,
-              warnings=arguments.settings_that_cannot_hold(args, val_loader),
+              zero=zero, fsdp=fsdp, lr_schedule=lr_schedule, warnings=arguments.settings_not_kept(args, val_loader),
               flops_per_token=peak and raw_model.flops_per_token(args.seq_len, run.say),  # (where MFU is shown)
               peak=peak and peak * world_size)  # tokens/s counts the tokens of every rank: so does the peak, for MFU
     return TrainingSetup(model=model, eval_model=eval_model, raw_model=raw_model, optimizer=optimizer, scaler=scaler,

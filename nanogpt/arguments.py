@@ -15,6 +15,7 @@ from nanogpt.cli import INT_MAX, UNSET, UserError
 from nanogpt.config_fields import refuse_another_model
 from nanogpt.files import CPUS
 from nanogpt.shard_manifest import REPEATED_INPUT
+from nanogpt.shards import list_shards, read_shard
 from nanogpt.text_inputs import INPUT_TYPES, open_parquet
 from nanogpt.tokenizer import get_tokenizer, prompt_tokens
 
@@ -106,7 +107,7 @@ def check_args(args, run_presets, options):
         raise UserError("--overwrite starts a new run over the one in --log_dir, --resume continues it; pick one")
 
 
-def settings_that_cannot_hold(args, val_loader=None):
+def settings_not_kept(args, val_loader=None):
     """A line for each setting the run will not keep to, said at its start (warnings: the run goes on): a warm-up
     as long as the run or longer (the learning rate's, Muon's momentum's, the batch's), or covering half of it, and a
     validation that asks for more tokens than the val split holds (val_loader: DataLoaderLite's of the val split,
@@ -132,9 +133,10 @@ def settings_that_cannot_hold(args, val_loader=None):
         stride = val_loader.B * val_loader.T * val_loader.world_size  # one validation batch of every rank
         held = val_loader.total_tokens // stride  # batches of the split, in whole batches of each shard
         if args.val_steps > held:
+            split = sum(len(read_shard(path)) for path in list_shards(args.data_dir, "val"))  # (headers only)
             lines.append(f"validation reads {args.val_steps * stride:,} tokens ({args.val_steps} val_steps x "
                          f"{val_loader.B} x {val_loader.T} x {val_loader.world_size} ranks), but the val split holds "
-                         f"{val_loader.split_tokens:,} ({held} such batches): its last {args.val_steps - held} "
+                         f"{split:,} ({held} such batches): its last {args.val_steps - held} "
                          f"batch(es) read the first again; give --val_steps {held}, or make a larger val split")
     return lines
 

@@ -64,7 +64,7 @@ class Run:
     def start(self, header, *, ckpt, ckpt_path, start_step, model, optimizer, scaler, loader, zero, fsdp, lr_schedule,
               flops_per_token, peak, fixed=None, warnings=()):
         """Everything is checked and built: open the log folder (rank 0) and print the run's header, then the
-        warnings about its settings (arguments.settings_that_cannot_hold's lines). What a
+        warnings about its settings (arguments.settings_not_kept's lines). What a
         checkpoint saves: the (unwrapped) model, the optimizer (zero, fsdp: sharded how), the loss scaler, the
         loader's position, where lr_schedule was moved, what the run fixed when it started (fixed: the batch warm-up,
         validation's rows); flops_per_token and peak (FLOP/s, 0: unknown) give MFU."""
