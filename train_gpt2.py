@@ -493,9 +493,10 @@ def make_gpt(config):
     return (SpeedrunGPT if config.arch == "speedrun" else GPT)(config)
 
 
-def batch_loss(model, x, y):
+def batch_loss(model, x, y, args=None):
     """A micro-batch's objective, in one place: the loop backpropagates it, the --batch_size auto trial tries it,
-    validation averages it. (loss, {name: 0-D tensor} logged as train/<name>); model: the GPT, compiled and wrapped."""
+    validation averages it (without gradients). (loss, {name: 0-D tensor} logged as train/<name>); model: the GPT,
+    compiled and wrapped; args: the run's flags, for an objective with settings of its own (None: counting FLOPs)."""
     _, loss = model(x, y)
     return loss, {}
 
@@ -832,7 +833,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
             with run.keeping_progress(step), run.evaluation_weights(step):
                 if setup.val_loader is not None and run.due(step, args.eval_every):
                     val_loss = validation_loss(setup.eval_model, setup.val_loader, args.val_steps, device, autocast, ddp,
-                                               world_size, batch_loss, args.batch_size)
+                                               world_size, functools.partial(batch_loss, args=args), args.batch_size)
                     run.log(step, f"val {val_loss:.4f}", {"val/loss": val_loss},
                             f"step {step:5d} | validation loss {val_loss:.4f}")
                 if setup.score_hellaswag and run.due(step, args.hellaswag_every):
@@ -866,7 +867,7 @@ def train(args, config, lr_schedule, ckpt=None, ckpt_path=None):
                         if ddp:  # all-reduce (FSDP: reduce-scatter) the gradients on the last micro-step only
                             sync_gradients(model, micro_step == grad_accum_steps - 1)
                         with autocast:
-                            loss, logged = batch_loss(model, x, y)
+                            loss, logged = batch_loss(model, x, y, args)
                         # we have to scale the loss to account for gradient accumulation, because the gradients
                         # just add on each successive backward(): a sum, where we want the mean over the batch
                         loss = loss / grad_accum_steps
@@ -984,8 +985,8 @@ def set_up(args, config, ckpt, ckpt_path, lr_schedule, run, ddp, rank, local_ran
         run.say(f"--batch_size auto: micro-batch {args.batch_size}, the largest the memory formula fits, untried under "
                 f"--fsdp: {split(args.batch_size)}")
     if fit and not fsdp:
-        trial = functools.partial(trial_step, model, optimizer, batch_loss, seq_len=args.seq_len, device=device,
-                                  autocast=autocast_context(device_type, dtype))  # (DDP's buckets: already held)
+        trial = functools.partial(trial_step, model, optimizer, functools.partial(batch_loss, args=args),
+                                  seq_len=args.seq_len, device=device, autocast=autocast_context(device_type, dtype))
         candidates = candidate_batch_sizes(args.total_batch_size, args.seq_len, world_size, args.batch_size)
         args.batch_size = fit_batch_size(candidates, fits_in_memory(trial, device_type), every_rank_agrees(ddp, device),
                                          run.say, split, skipped)

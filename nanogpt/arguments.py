@@ -73,6 +73,10 @@ def check_args(args, run_presets, options):
             by = f" (--model {args.model} turns it off)" if preset else ""
             raise UserError(f"--{name} does nothing while --{switch} is off{by}; give --{switch}{f' {on}' if on else ''} "
                             f"too, or drop --{name}")
+        if option.refused_with and value != option.default and getattr(args, option.refused_with[0]) == \
+                option.refused_with[1]:
+            other, bad = option.refused_with
+            raise UserError(f"--{name} {value} does not work with --{other} {bad}; drop one of them")
     from nanogpt.optimizers import MATRIX_OPTIMIZERS  # (torch: not at the top, which fineweb.py imports)
 
     if "warmdown_frac" in args.explicit and args.lr_schedule != "wsd":

@@ -180,16 +180,19 @@ class RunOption:
     at_least, above, at_most: its range (a whole number from at_least to at_most, else to INT_MAX; a finite number
     >= at_least or > above, and at most at_most); usual: the words on its usual size, said beside at_most;
     needs: (switch, value): it acts only while --switch is on (--switch value turns it on; value None: a switch);
+    refused_with: (flag, value): off its default, it does not work while --flag is value (a head that cannot take it);
     not_empty: an empty string is refused ("$UNSET_VARIABLE");
     resume: "change" (a --resume may change it, said and made), "fixed" (refused), "local" (today's command line's
     only, never the checkpoint's);
     before: what a checkpoint that predates the flag ran with (default: its default)."""
     name: str
+    default: object = None  # (argparse's, recorded beside)
     at_least: float = None
     above: float = None
     at_most: float = None
     usual: str = None
     needs: tuple = None
+    refused_with: tuple = None
     not_empty: bool = False
     resume: str = "change"
     before: object = UNSET
@@ -203,10 +206,11 @@ class DeclaringGroup(argparse._ArgumentGroup):
         self.parser = parser
 
     def add_argument(self, *args, **kwargs):
-        declared = {name: kwargs.pop(name) for name in list(kwargs) if name in RunOption.__dataclass_fields__}
+        declared = {name: kwargs.pop(name) for name in list(kwargs)
+                    if name in RunOption.__dataclass_fields__ and name not in ("name", "default")}
         action = super().add_argument(*args, **kwargs)
         if declared or action.dest not in self.parser.options:  # (--no_x, x's second flag, declares nothing new)
-            self.parser.options[action.dest] = RunOption(action.dest, **declared)
+            self.parser.options[action.dest] = RunOption(action.dest, action.default, **declared)
         return action
 
 

@@ -7,9 +7,10 @@ the flag's default, or its declared before), with no other edit.
 """
 
 import pytest
+import torch
 
 import train_gpt2
-from conftest import TINY_FLAGS, assert_cli_error, make_shards, script_cli
+from conftest import TINY_FLAGS, assert_cli_error, make_shards, read_log, script_cli
 
 
 def extend_parser(monkeypatch, add):
@@ -57,3 +58,38 @@ def test_a_resume_holds_a_fixed_flag_also_against_a_checkpoint_from_before_it(mo
     assert_cli_error(result, "--bos_align True conflicts with the checkpoint's False")
     code, out, err = script_cli(capsys, train_gpt2.main, "--log_dir", log_dir, "--resume", "--max_steps", "3")
     assert code == 0, err
+
+
+def z_loss_flag(group):
+    group.add_argument("--z_loss", type=float, default=0.0, at_least=0, refused_with=("loss_impl", "fused"),
+                       help="PaLM's z-loss coefficient")
+
+
+def test_an_objectives_own_setting_reaches_batch_loss_wherever_it_is_called(monkeypatch, tmp_path, capsys):
+    """A flag of the objective (a z-loss coefficient) declared once and read in batch_loss from the run's flags: the
+    loop, the --batch_size auto trial and validation all hand them over; the term reaches log.txt; with a head that
+    cannot take it, refused before any work."""
+    extend_parser(monkeypatch, z_loss_flag)
+    seen = []
+
+    def z_objective(model, x, y, args=None):
+        seen.append(args.z_loss if args is not None else None)
+        if args is None or not args.z_loss or not torch.is_grad_enabled():  # validation: the next-token loss
+            return model(x, y)[1], {}
+        _, loss, terms = model(x, y, row_losses=lambda lse, target_logit, targets: {
+            "next_loss": lse - target_logit, "z_loss": args.z_loss * lse.square()})
+        return loss, terms
+    monkeypatch.setattr(train_gpt2, "batch_loss", z_objective)
+    data = make_shards(str(tmp_path / "data"))
+    at = TINY_FLAGS.index("--batch_size")
+    flags = [*TINY_FLAGS[:at], *TINY_FLAGS[at + 2:], "--batch_size", "auto", "--data_dir", data, "--max_steps", "2",
+             "--eval_every", "1", "--z_loss", "1e-4"]
+    train_gpt2.main([*flags, "--log_dir", str(tmp_path / "log")])
+    assert seen and set(seen) == {1e-4}  # (the trial's, each micro-step's and validation's calls)
+    log = read_log(str(tmp_path / "log"))
+    assert log["z_loss"].keys() == log["train"].keys() == {0, 1}
+    # (numbers are written to 6 significant digits: a loss near 10 to 4 decimals, 5e-5 either way)
+    assert all(abs(log["next_loss"][s] + log["z_loss"][s] - log["train"][s]) <= 1e-4 for s in (0, 1))
+    assert_cli_error(script_cli(capsys, train_gpt2.main, *flags, "--log_dir", tmp_path / "fused", "--loss_impl",
+                                "fused"), "--z_loss 0.0001 does not work with --loss_impl fused")
+    assert not (tmp_path / "fused").exists()
