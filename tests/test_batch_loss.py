@@ -20,9 +20,9 @@ def test_a_number_the_objective_adds_is_logged_and_every_caller_uses_it(tmp_path
     data = make_shards(str(tmp_path / "data"))
     loss_of, callers, tracked = train_gpt2.batch_loss, [], []
 
-    def with_a_number(model, x, y):  # a researcher's new term, logged beside the loss
+    def with_a_number(model, x, y, args=None):  # a researcher's new term, logged beside the loss
         callers.append(inspect.stack()[1].function)
-        loss, numbers = loss_of(model, x, y)
+        loss, numbers = loss_of(model, x, y, args)
         return loss, {**numbers, "twice": 2 * loss}
 
     record = RunLog.record
@@ -44,8 +44,8 @@ def with_numbers(numbers):
     """batch_loss, logging numbers(loss) beside the loss."""
     loss_of = train_gpt2.batch_loss
 
-    def objective(model, x, y):
-        loss, logged = loss_of(model, x, y)
+    def objective(model, x, y, args=None):
+        loss, logged = loss_of(model, x, y, args)
         return loss, {**logged, **numbers(loss)}
     return objective
 

@@ -50,7 +50,7 @@ def test_a_converted_layer_computes_fp8s_numbers():
 
 
 def fp8_run(data, log_dir, *extra):
-    train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--max_steps", "12", "--eval_every", "0",
+    train_gpt2.main([*TINY_FLAGS, "--data_dir", data, "--log_dir", log_dir, "--max_steps", "6", "--eval_every", "0",
                      "--max_lr", "1e-2", *extra])
     return read_log(log_dir)["train"]
 
@@ -59,22 +59,22 @@ def fp8_run(data, log_dir, *extra):
 def test_an_fp8_run_trains_as_fp32_does_saves_plain_weights_and_resumes_exactly(tmp_path):
     data = make_shards(str(tmp_path / "data"))
     plain = fp8_run(data, str(tmp_path / "fp32"), "--save_every", "0")
-    fp8 = fp8_run(data, str(tmp_path / "fp8"), "--fp8", "--save_every", "6")
+    fp8 = fp8_run(data, str(tmp_path / "fp8"), "--fp8", "--save_every", "3")
     # the stated bound: FP8's rounding (e4m3: 3 bits) moves each step's loss by at most 5% of fp32's here, and the
     # run learns as much (its last loss at most 5% above)
     assert all(abs(fp8[s] - plain[s]) <= 0.05 * plain[s] for s in plain), (plain, fp8)
-    assert fp8[11] < 0.8 * fp8[0]
+    assert fp8[5] < 0.9 * fp8[0]  # it learns (from ln(50304) = 10.8)
     # plain weights: the fp32 run's names and shapes, loaded by every script without torchao's layers
-    ours, theirs = load_weights(str(tmp_path / "fp8" / "model_00011.pt")), load_weights(str(tmp_path / "fp32" /
-                                                                                              "model_00011.pt"))
+    ours, theirs = load_weights(str(tmp_path / "fp8" / "model_00005.pt")), load_weights(str(tmp_path / "fp32" /
+                                                                                              "model_00005.pt"))
     assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
     assert all(type(v) is torch.Tensor for v in ours.values())
-    train_gpt2.load_model(str(tmp_path / "fp8" / "model_00011.pt"))
-    # resumed from step 5: the uninterrupted run's losses and weights, bit for bit
-    os.remove(str(tmp_path / "fp8" / "model_00011.pt"))
-    fp8_run(data, str(tmp_path / "fp8"), "--fp8", "--save_every", "6", "--resume")
+    train_gpt2.load_model(str(tmp_path / "fp8" / "model_00005.pt"))
+    # resumed from step 2: the uninterrupted run's losses and weights, bit for bit
+    os.remove(str(tmp_path / "fp8" / "model_00005.pt"))
+    fp8_run(data, str(tmp_path / "fp8"), "--fp8", "--save_every", "3", "--resume")
     assert read_log(str(tmp_path / "fp8"))["train"] == fp8
-    assert all(torch.equal(ours[k], v) for k, v in load_weights(str(tmp_path / "fp8" / "model_00011.pt")).items())
+    assert all(torch.equal(ours[k], v) for k, v in load_weights(str(tmp_path / "fp8" / "model_00005.pt")).items())
 
 
 def test_where_fp8_cannot_run_it_is_one_line(tmp_path, monkeypatch, capsys):
