@@ -6,6 +6,7 @@ training step that changes nothing, and takes the first that fits on every proce
 memory later is run again from its start at half the micro-batch.
 """
 
+import argparse
 import collections
 import contextlib
 import copy
@@ -28,8 +29,8 @@ def batch_size_arg(text):
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ValueError(f"{text!r} is neither a positive whole number nor auto")
+    if value < 1:  # argparse shows an ArgumentTypeError's words (of a ValueError, this function's name)
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a positive whole number nor auto")
     return value
 
 
