@@ -432,7 +432,7 @@ def main(argv=None):
         raise UserError("--out is empty; give a PNG file name")
     for _, path in runs:
         check_out(out, path)
-    parsed, x_label = [], args.x
+    parsed, elapsed = [], []  # elapsed (--x time): each run's seconds before each step, made an x below
     for name, path in runs:
         series = parse_log(path)
         if not panels(series) and set(series) <= set(RUN_KINDS):  # a run just started: its first lines only
@@ -441,19 +441,17 @@ def main(argv=None):
         if not panels(series):
             raise UserError(f"{path} holds no finite values to plot (every value is nan or inf, or a skipped step); "
                             "there is nothing to draw until the run logs a finite one")
-        to_x = None  # --x time: the run's seconds before each step for now, made an x below (a unit for all runs)
-        if args.x == "tokens":
-            to_x = functools.partial(scaled, tokens_per_step(path))
-        elif args.x == "time":
-            to_x = seconds_before(path, series)
-        if on_fineweb_edu(series) is None and any(is_loss(kind) for kind, _ in series.items()):
+        to_x = functools.partial(scaled, tokens_per_step(path)) if args.x == "tokens" else None
+        if args.x == "time":
+            elapsed.append(seconds_before(path, series))
+        if on_fineweb_edu(series) is None and any(map(is_loss, series)):
             print(f"note: {path} does not say whether its validation text is FineWeb-Edu's (a log of an older "
                   f"train_gpt2.py), so OpenAI GPT-2's FineWeb-Edu val loss ({GPT2_124M_VAL_LOSS}) is not drawn for it")
-        parsed.append([name if len(runs) > 1 else None, series, to_x])
-    if args.x == "time":
-        x_label, to_xs = time_axis([elapsed for _, _, elapsed in parsed])
-        for run, to_x in zip(parsed, to_xs):
-            run[2] = to_x
+        parsed.append((name if len(runs) > 1 else None, series, to_x))
+    x_label = args.x
+    if args.x == "time":  # in one unit for every run: the one that suits the longest
+        x_label, to_xs = time_axis(elapsed)
+        parsed = [(name, series, to_x) for (name, series, _), to_x in zip(parsed, to_xs)]
     title = runs[0][1] if len(runs) == 1 else None
     try:
         with warnings.catch_warnings():  # numpy's overflow warnings, before the error below

@@ -45,7 +45,7 @@ def out_of_range(option, value):
     if isinstance(value, int) and not isinstance(low, float):  # a count: a whole number in its range
         high = option.at_most if option.at_most is not None else INT_MAX
         if not low <= value <= high:
-            return f"must be a whole number from {low} to {'2**63-1' if high == 2**63 - 1 else high}"
+            return f"must be a whole number from {low} to {'2**63-1' if high == LARGEST_INT else high}"
         return None
     if isinstance(value, float):
         if not math.isfinite(value) or (option.above is not None and value <= option.above) or (
